@@ -1,0 +1,175 @@
+"""Layer taps: hidden states at layer ℓ, running only the blocks below it.
+
+Every algorithm in sipit reads states through this module. The mechanism is one forward hook:
+the base model is called as usual (so any HF decoder with a `layers` / `h` block list works, with
+its own masks, rotary or learned positions and caches) and the hook on the last block needed
+captures that block's output and stops the forward pass, so blocks above ℓ never run.
+
+Layer ℓ = 0 is the input of block 0 (embeddings, plus learned positions for GPT-2); ℓ ≥ 1 is the
+output of block ℓ (1-based). `final_norm=True` applies the model's final norm to that state
+(at ℓ = L this is HF's `hidden_states[-1]`).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .load import LM
+
+
+class _Stop(Exception):
+    """Raised by the capture hook once the highest requested layer has been computed."""
+
+
+def _block_output(out) -> Tensor:
+    return out[0] if isinstance(out, tuple) else out
+
+
+def run_layers(lm: LM, layers: list[int], *, ids: Tensor | None = None, embeds: Tensor | None = None,
+               cache=None, position_ids: Tensor | None = None, final_norm: bool = False) -> list[Tensor]:
+    """States at each of `layers` (normalised indices) for ids [B, T] or embeds [B, T, d].
+
+    Runs blocks 0..max(layers)-1 only. With `cache` (a transformers Cache), the new tokens attend to
+    it and it is updated in place for the blocks that run. Returns one [B, T, d] tensor per layer.
+    """
+    wanted = sorted(set(layers))
+    top = wanted[-1]
+    got: dict[int, Tensor] = {}
+    handles = []
+
+    def keep(layer, h):
+        got[layer] = h
+        if layer == top:
+            raise _Stop
+
+    def block0_input(module, args, kwargs):  # pre-hook of block 0: layer 0
+        keep(0, args[0] if args else kwargs["hidden_states"])
+
+    def block_output(layer):  # forward hook of block layer-1: layer `layer`
+        return lambda module, args, kwargs, out: keep(layer, _block_output(out))
+
+    for layer in wanted:
+        if layer == 0:
+            handles.append(lm.blocks[0].register_forward_pre_hook(block0_input, with_kwargs=True))
+        else:
+            handles.append(lm.blocks[layer - 1].register_forward_hook(block_output(layer), with_kwargs=True))
+    try:
+        lm.base(input_ids=ids, inputs_embeds=embeds, past_key_values=cache, use_cache=cache is not None,
+                position_ids=position_ids)
+    except _Stop:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    return [lm.norm(got[layer]) if final_norm else got[layer] for layer in layers]
+
+
+@dataclass
+class Prefix:
+    """A verified prefix: its ids [T] and the KV cache of the blocks below the tap's layer."""
+
+    ids: Tensor
+    cache: object  # transformers Cache with batch size 1, or None for an empty prefix / layer 0
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
+
+    def crop(self, t: int) -> "Prefix":
+        """The prefix of the first t tokens (a view; the original stays valid)."""
+        if self.cache is None or t == self.length:
+            return Prefix(self.ids[:t], self.cache if t else None)
+        cache = copy.copy(self.cache)
+        cache.layers = []
+        for layer in self.cache.layers:
+            layer = copy.copy(layer)
+            if getattr(layer, "is_initialized", False):
+                if getattr(layer, "is_sliding", False) and self.length >= layer.sliding_window - 1:
+                    raise ValueError("cannot crop a sliding-window cache past its window; prefill again")
+                layer.keys, layer.values = layer.keys[:, :, :t], layer.values[:, :, :t]
+                if hasattr(layer, "cumulative_length"):
+                    layer.cumulative_length = t
+            cache.layers.append(layer)
+        return Prefix(self.ids[:t], cache)
+
+
+def _expand(cache, batch: int):
+    """A fresh cache whose layers are batch-expanded *views* of `cache` (no copy, no mutation)."""
+    new = copy.copy(cache)
+    new.layers = []
+    for layer in cache.layers:
+        layer = copy.copy(layer)
+        if getattr(layer, "is_initialized", False):
+            layer.keys = layer.keys.expand(batch, -1, -1, -1)
+            layer.values = layer.values.expand(batch, -1, -1, -1)
+        new.layers.append(layer)
+    return new
+
+
+class LayerTap:
+    """States at one layer of `lm`: full sequences, or candidate tokens appended to a cached prefix.
+
+    >>> tap = LayerTap(lm, layer=15)
+    >>> h = tap.states(ids)                  # ids [B, T] -> [B, T, d]
+    >>> p = tap.prefill(ids[0, :5])          # cache of the first 5 tokens
+    >>> h5 = tap.extend(p, candidates)       # candidates [B] -> [B, d], states at position 5
+    """
+
+    def __init__(self, lm: LM, layer: int, final_norm: bool = False):
+        self.lm = lm
+        self.layer = lm.layer_index(layer)
+        self.final_norm = final_norm
+
+    def __repr__(self):
+        return f"LayerTap({self.lm.name}, layer={self.layer}, final_norm={self.final_norm})"
+
+    def _run(self, **kw) -> Tensor:
+        return run_layers(self.lm, [self.layer], final_norm=self.final_norm, **kw)[0]
+
+    @torch.no_grad()
+    def states(self, ids: Tensor) -> Tensor:
+        """Full forward of ids [B, T] (or [T]) up to the layer. -> [B, T, d] (or [T, d])."""
+        if ids.dim() == 1:
+            return self.states(ids[None])[0]
+        return self._run(ids=ids)
+
+    def states_from_embeds(self, embeds: Tensor) -> Tensor:
+        """Differentiable: input embeddings [B, T, d] (as `lm.embed` outputs them) -> [B, T, d]."""
+        return self._run(embeds=embeds)
+
+    @torch.no_grad()
+    def prefill(self, ids: Tensor, return_states: bool = False):
+        """Cache the prefix ids [T]. Returns a Prefix (and its states [T, d] if asked)."""
+        ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
+        if len(ids) == 0 or self.layer == 0:
+            states = self.states(ids) if return_states and len(ids) else ids.new_zeros(0, self.lm.d_model, dtype=self.lm.dtype)
+            prefix = Prefix(ids, None)
+        else:
+            from transformers import DynamicCache
+
+            cache = DynamicCache(config=self.lm.model.config)
+            states = self._run(ids=ids[None], cache=cache)[0]
+            prefix = Prefix(ids, cache)
+        return (prefix, states) if return_states else prefix
+
+    def _extend(self, prefix: Prefix, k: int, batch: int, **inputs) -> Tensor:
+        positions = torch.arange(prefix.length, prefix.length + k).expand(batch, k)
+        cache = _expand(prefix.cache, batch) if prefix.cache is not None else None
+        return self._run(cache=cache, position_ids=positions, **inputs)
+
+    @torch.no_grad()
+    def extend(self, prefix: Prefix, ids: Tensor) -> Tensor:
+        """States of candidates appended to the prefix: ids [B] -> [B, d], or [B, k] -> [B, k, d]."""
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        if ids.dim() == 1:
+            return self.extend(prefix, ids[:, None])[:, 0]
+        return self._extend(prefix, ids.shape[1], ids.shape[0], ids=ids)
+
+    def extend_embeds(self, prefix: Prefix, embeds: Tensor) -> Tensor:
+        """Differentiable: embeds [B, d] -> [B, d], or [B, k, d] -> [B, k, d]."""
+        if embeds.dim() == 2:
+            return self.extend_embeds(prefix, embeds[:, None])[:, 0]
+        return self._extend(prefix, embeds.shape[1], embeds.shape[0], embeds=embeds)
