@@ -1,0 +1,154 @@
+"""Candidate orderings for SipIt. A policy only decides what to try first; the loop verifies.
+
+Interface (all methods cheap unless noted):
+    begin(target [T, d])          a new prompt
+    guesses(t, ids) -> [T-t] | None   top-1 guesses for positions t.. (speculation), or None
+    candidates(t, prefix) -> iterator of id batches [B], best first (may be lazy and expensive)
+    lower_bounds(t) -> [V] | None     certified lower bounds of every token's relative distance
+    cost                              dict the loop provides; policies add backward_tokens here
+
+Policies:
+- exhaustive: the whole vocabulary in id order (the paper's BruteForce, batched).
+- random:     the whole vocabulary in a seeded random order.
+- gradient:   the paper's policy: a continuous proxy embedding e descends ½‖h_t(π ⊕ e) − ĥ_t‖²
+              (normalised by ‖ĥ_t‖²); every K steps the nearest not-yet-proposed rows are proposed.
+- learned:    calibrated per (model, layer, norm) on the model's own states (calibrate.py): position
+              0 by an exact table of every token's state at position 0 (also a certified bound for
+              every token), positions ≥ 1 by a forward linear model h_t ≈ A e_v + B ĥ_{t−1} + c,
+              each token scored by the Gaussian log-likelihood of the observed ĥ_t. Guesses every
+              position, so the loop speculates.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..models import LayerTap
+
+
+class Policy:
+    name = "base"
+
+    def __init__(self, tap: LayerTap, config):
+        self.tap, self.config = tap, config
+        self.V = tap.lm.vocab_size
+        self.cost: dict = {}
+
+    def begin(self, target: Tensor) -> None:
+        self.target = target
+
+    def guesses(self, t: int, ids: Tensor) -> Tensor | None:
+        return None
+
+    def candidates(self, t: int, prefix):
+        raise NotImplementedError
+
+    def lower_bounds(self, t: int) -> Tensor | None:
+        return None
+
+
+class Exhaustive(Policy):
+    name = "exhaustive"
+
+    def candidates(self, t, prefix):
+        yield from torch.arange(self.V).split(self.config.batch_size)
+
+
+class Random(Policy):
+    name = "random"
+
+    def candidates(self, t, prefix):
+        g = torch.Generator().manual_seed(self.config.seed * 1_000_003 + t)
+        yield from torch.randperm(self.V, generator=g).split(self.config.batch_size)
+
+
+class Gradient(Policy):
+    """The paper's gradient-guided policy, proposing a few nearest unvisited rows per snap."""
+
+    name = "gradient"
+
+    def __init__(self, tap, config):
+        super().__init__(tap, config)
+        self.E = tap.lm.embedding_rows()  # [V, d]
+        self.E_sq = (self.E.double() ** 2).sum(1)  # [V]
+        self.scale = float(self.E.norm(dim=1).mean())
+
+    def candidates(self, t, prefix):
+        cfg = self.config
+        target = self.target[t]
+        proposed = torch.zeros(self.V, dtype=torch.bool)
+        e = self.E.mean(0).clone().requires_grad_(True)
+        opt = torch.optim.Adam([e], lr=cfg.grad_lr * self.scale)
+        for step in range(cfg.grad_steps):
+            opt.zero_grad()
+            h = self.tap.extend_embeds(prefix, e[None])[0]  # [d]
+            loss = 0.5 * ((h - target) ** 2).sum() / (target ** 2).sum()
+            loss.backward()
+            self.cost["backward_tokens"] += 1
+            self.cost["forward_tokens"] += 1
+            self.cost["tap_calls"] += 1
+            opt.step()
+            if (step + 1) % cfg.grad_snap_every == 0:
+                with torch.no_grad():  # nearest rows to e by Euclidean distance, unvisited only
+                    d = self.E_sq - 2 * (self.E.double() @ e.detach().double())
+                    d[proposed] = float("inf")
+                    batch = d.topk(min(cfg.grad_snap_k, int((~proposed).sum())), largest=False).indices
+                    batch = batch[d[batch] < float("inf")]
+                proposed[batch] = True
+                if len(batch):
+                    yield batch
+        # then the loop falls back to the rest of the vocabulary
+
+
+class Learned(Policy):
+    """Position-0 table + forward linear model (calibrate.py); guesses every position at once."""
+
+    name = "learned"
+
+    def __init__(self, tap, config):
+        from .calibrate import STORE_ERR, load_or_fit
+
+        super().__init__(tap, config)
+        cal, self.calibration_seconds = load_or_fit(tap, config.calibration_tokens)
+        self.table = cal["table"]  # [V, d]
+        self.table_err = STORE_ERR[self.table.dtype] + 1e-5  # storage rounding + batched-pass noise
+        self.P, self.P_sq = cal["P"], cal["P_sq"]  # [V, d], [V]
+        self.white, self.Bw, self.cw = cal["white"], cal["Bw"], cal["cw"]  # [d, d], [d, d], [d]
+
+    def begin(self, target):
+        super().begin(target)
+        tgt = target.float()
+        d0 = torch.cat([(rows.float() - tgt[0]).norm(dim=1) for rows in self.table.split(8192)])
+        d0 = d0.double() / tgt[0].double().norm().clamp_min(1e-30)
+        e = self.table_err  # ‖x̃ − x‖ ≤ e‖x‖ ≤ e(‖ĥ‖ + ‖x − ĥ‖)  =>  d ≥ (d̃ − e) / (1 + e)
+        self.d0 = d0
+        self.bounds0 = ((d0 - e) / (1 + e)).clamp_min(0)
+        self.r = tgt[1:] @ self.white - tgt[:-1] @ self.Bw - self.cw  # whitened residuals [T-1, d]
+        best = [self._scores(rows).argmax(1) for rows in self.r.split(64)]
+        self.guess = torch.cat([d0.argmin()[None], *best])  # [T]
+
+    def _scores(self, r: Tensor) -> Tensor:
+        """Log-likelihood (up to constants) of every token: r [n, d] -> [n, V]."""
+        return 2 * r @ self.P.T - self.P_sq
+
+    def guesses(self, t, ids):
+        return self.guess[t:]
+
+    def candidates(self, t, prefix):
+        order = self.d0.argsort() if t == 0 else self._scores(self.r[t - 1:t])[0].argsort(descending=True)
+        yield from order.split(self.config.batch_size)
+
+    def lower_bounds(self, t):
+        return self.bounds0 if t == 0 else None
+
+
+POLICIES = {"exhaustive": Exhaustive, "random": Random, "gradient": Gradient, "learned": Learned}
+
+
+def make_policy(name, tap: LayerTap, config) -> Policy:
+    """A policy by name, or by class (any Policy subclass)."""
+    if isinstance(name, type) and issubclass(name, Policy):
+        return name(tap, config)
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}: choose from {', '.join(POLICIES)}")
+    return POLICIES[name](tap, config)
