@@ -29,7 +29,7 @@ from torch import Tensor
 from ..models import LayerTap
 from ..models.load import cache_dir
 
-VERSION = 1
+VERSION = 2
 SEQ_LEN = 64  # calibration sequences: positions 0..63 cover typical prompt lengths
 RANDOM_FRACTION = 0.2  # share of calibration tokens that are uniform random ids
 STORE_ERR = {torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24}  # relative rounding of the table
@@ -58,8 +58,8 @@ def calibration_texts() -> list[str]:
     return texts
 
 
-def calibration_ids(lm, n_tokens: int, seed: int = 0) -> Tensor:
-    """[N, SEQ_LEN] ids: text spans (shuffled documents) and random-id rows."""
+def calibration_ids(lm, n_tokens: int, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """ids [N, SEQ_LEN]: text spans (shuffled documents), then random-id rows; is_random [N]."""
     rng = random.Random(seed)
     texts = calibration_texts()
     rng.shuffle(texts)
@@ -75,7 +75,8 @@ def calibration_ids(lm, n_tokens: int, seed: int = 0) -> Tensor:
             break
     g = torch.Generator().manual_seed(seed)
     rand = torch.randint(0, lm.vocab_size, (n_random, SEQ_LEN), generator=g)
-    return torch.cat([torch.tensor(rows, dtype=torch.long).view(-1, SEQ_LEN), rand])
+    ids = torch.cat([torch.tensor(rows, dtype=torch.long).view(-1, SEQ_LEN), rand])
+    return ids, torch.arange(len(ids)) >= len(rows)
 
 
 @torch.no_grad()
@@ -86,28 +87,58 @@ def position0_table(tap: LayerTap, batch: int = 1024) -> Tensor:
 
 
 @torch.no_grad()
-def fit_forward_model(tap: LayerTap, ids: Tensor, lam: float = 1e-3, batch: int = 16) -> dict[str, Tensor]:
-    """Ridge fit of h_t from [e_v, h_{t−1}] on the states of ids [N, S]; returns scoring tensors."""
+def fit_forward_model(tap: LayerTap, ids: Tensor, is_random: Tensor, table: Tensor, lam: float = 1e-3,
+                      batch: int = 16) -> dict[str, Tensor]:
+    """Ridge fit of h_t from token features [e_v, table_v] and h_{t−1} on the states of ids [N, S].
+
+    The position-0 table is a nonlinear feature of the token (its state through all ℓ blocks
+    without context): at ℓ = 15 of SmolLM2 it cuts the mean rank of the true token from 6 to 0.1.
+    """
     E = tap.lm.embedding_rows().double()  # [V, d]
     d = E.shape[1]
+    tok = torch.cat([E, table.double()], 1)  # [V, 2d]
     H = torch.cat([tap.states(ids[i:i + batch]) for i in range(0, len(ids), batch)]).double()  # [N, S, d]
     v = ids[:, 1:].reshape(-1)
     Y = H[:, 1:].reshape(-1, d)
-    X = torch.cat([E[v], H[:, :-1].reshape(-1, d)], 1)  # [n, 2d]
+    X = torch.cat([tok[v], H[:, :-1].reshape(-1, d)], 1)  # [n, 3d]
     mu, sd = X.mean(0), X.std(0).clamp_min(1e-6)
-    Xs = (X - mu) / sd
+    X = (X - mu) / sd
     ym = Y.mean(0)
-    G = Xs.T @ Xs + lam * len(Xs) * torch.eye(2 * d, dtype=torch.float64)
-    W = torch.linalg.solve(G, Xs.T @ (Y - ym))  # [2d, d]
-    R = Y - ym - Xs @ W
+    G = X.T @ X + lam * len(X) * torch.eye(3 * d, dtype=torch.float64)
+    W = torch.linalg.solve(G, X.T @ (Y - ym))  # [3d, d]
+    R = Y - ym - X @ W
+    del X
     ev, U = torch.linalg.eigh(R.T @ R / len(R))
     white = U @ torch.diag(ev.clamp_min(ev.max() * 1e-10) ** -0.5) @ U.T  # Σ^{-1/2} [d, d]
-    A = W[:d] / sd[:d, None]  # token part: Xs_tok @ W_tok = (E − mu) / sd @ W_tok
-    Bm = W[d:] / sd[d:, None]
-    const = ym - mu[:d] @ A - mu[d:] @ Bm
-    P = (E @ A) @ white  # [V, d]
-    return dict(P=P.float(), P_sq=(P ** 2).sum(1).float(), white=white.float(), Bw=(Bm @ white).float(),
-                cw=(const @ white).float())
+    Bm = W[2 * d:] / sd[2 * d:, None]  # context part
+    P = ((tok - mu[:2 * d]) / sd[:2 * d]) @ W[:2 * d] @ white  # [V, d]
+    out = dict(P=P.float(), P_sq=(P ** 2).sum(1).float(), white=white.float(), Bw=(Bm @ white).float(),
+               cw=((ym - mu[2 * d:] @ Bm) @ white).float())
+    if tap.layer == tap.lm.n_layers:
+        out.update(fit_lm_gate(tap, ids, is_random, H, out))
+    return out
+
+
+LM_WEIGHT = 5.0  # at ℓ = L: log-likelihood + LM_WEIGHT · log p_LM(v | prefix) for text-like prompts
+
+
+@torch.no_grad()
+def fit_lm_gate(tap: LayerTap, ids: Tensor, is_random: Tensor, H: Tensor, fit: dict, n: int = 20) -> dict[str, Tensor]:
+    """At the last layer the observed ĥ_{t−1} gives the LM's next-token distribution: a strong prior
+    for text (SmolLM2, ℓ = 30, held-out prose: top-1 63% → 75%, mean rank 358 → 9) that hurts random
+    ids. The gate: the mean LM log-prob of the plain guesses of a prompt; text above it, random below.
+    Threshold halfway between the 95th percentile of random rows and the 5th of text rows."""
+    means = []
+    for i in range(0, len(ids), 16):
+        h = H[i:i + 16, :n].float()  # [b, n, d]
+        r = h[:, 1:] @ fit["white"] - h[:, :-1] @ fit["Bw"] - fit["cw"]
+        guess = (2 * r @ fit["P"].T - fit["P_sq"]).argmax(-1)  # [b, n-1]
+        lp = torch.log_softmax(tap.lm.next_token_logits(h[:, :-1], normed=tap.final_norm).float(), -1)
+        means.append(lp.gather(-1, guess[..., None])[..., 0].mean(1))
+    means = torch.cat(means)
+    text, rand = means[~is_random], means[is_random]
+    gate = (text.quantile(0.05) + rand.quantile(0.95)) / 2
+    return dict(lm_gate=gate.reshape(1).float(), lm_weight=torch.tensor([LM_WEIGHT]))
 
 
 def cache_path(tap: LayerTap, n_tokens: int) -> Path:
@@ -132,8 +163,8 @@ def load_or_fit(tap: LayerTap, n_tokens: int) -> tuple[dict[str, Tensor], float]
         except Exception:  # a corrupt cache file is refitted
             pass
     t0 = time.perf_counter()
-    out = fit_forward_model(tap, calibration_ids(tap.lm, n_tokens))
     table = position0_table(tap)
+    out = fit_forward_model(tap, *calibration_ids(tap.lm, n_tokens), table)
     fits16 = bool(torch.isfinite(table).all() and table.abs().max() < 6e4)
     out["table"] = table.half() if fits16 else table
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -95,6 +95,12 @@ class LM:
         return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
 
     @torch.no_grad()
+    def next_token_logits(self, h: torch.Tensor, normed: bool = False) -> torch.Tensor:
+        """Next-token logits from last-layer states h [..., d] (raw residual; normed=True if the
+        final norm was already applied). [..., V]"""
+        return self.model.get_output_embeddings()(h if normed else self.norm(h))
+
+    @torch.no_grad()
     def embedding_rows(self) -> torch.Tensor:
         """Embedding rows as block 0 sees them (e.g. Gemma's √d scaling included). [V, d]"""
         return self.embed(torch.arange(self.vocab_size))
