@@ -41,15 +41,15 @@ def cmd_capture(args):
     from .models import load_model
     from .states import save_states
 
-    lm = load_model(args.model)
+    lm = load_model(args.model, precision=args.precision)
     layer = lm.layer_index(args.layer)
     ids = _prompts(lm, args)
     t = time.perf_counter()
     states = capture(lm, ids, layer, args.final_norm)
     save_states(args.output, states, model=args.model, layer=layer, final_norm=args.final_norm,
-                tokenizer=lm.tokenizer_fingerprint, ids=ids)
+                tokenizer=lm.tokenizer_fingerprint, precision=lm.precision, ids=ids)
     print(f"captured {len(ids)} prompt(s), {sum(map(len, ids))} tokens, layer {layer} of {args.model} "
-          f"(final_norm={args.final_norm}) in {time.perf_counter() - t:.2f}s -> {args.output}")
+          f"({lm.precision}, final_norm={args.final_norm}) in {time.perf_counter() - t:.2f}s -> {args.output}")
 
 
 def cmd_demo(args):
@@ -79,6 +79,13 @@ def cmd_bench(args, rest):
         importlib.import_module(f"sipit.bench.{name}").main([*rest, "--threads", str(args.threads)])
 
 
+def add_precision(parser):
+    from .models import PRECISIONS
+
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                        help="weights/activations format or weight quantization (default fp32)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sipit", description="Invert language-model hidden states and test injectivity.")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
@@ -91,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default="smollm2", help="embedded name, .gguf file, HF id or directory, tiny-gpt2/tiny-llama")
     s.add_argument("--layer", type=int, required=True, help="0 = embeddings, i = after block i, negative from the end")
     s.add_argument("--final-norm", action="store_true", help="apply the model's final norm to the state")
+    add_precision(s)
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="one prompt")
     src.add_argument("--file", help="text file, one prompt per line")

@@ -2,7 +2,7 @@
 
 Format (design.md §2): safetensors with one tensor `hidden_states` [T, d] or [B, T, d]
 (float32/float16/bfloat16) and string metadata:
-    model, layer, final_norm ("true"/"false"), dtype, tokenizer (fingerprint),
+    model, layer, final_norm ("true"/"false"), dtype, precision, tokenizer (fingerprint),
     ids (JSON list of id lists, optional ground truth), lengths (JSON list, when prompts in a
     [B, T, d] file have different lengths: positions past a prompt's length are padding).
 `.npy` (no pickles) and `.pt` (loaded with weights_only=True; a tensor or {"hidden_states": ...})
@@ -34,6 +34,7 @@ class States:
     model: str | None = None
     layer: int | None = None
     final_norm: bool = False
+    precision: str | None = None
     tokenizer: str | None = None
     ids: list[list[int]] | None = None  # ground truth, when the file has it
     meta: dict = field(default_factory=dict)  # every metadata string, as stored
@@ -44,7 +45,7 @@ class States:
 
 
 def save_states(path: str | Path, prompts: list[Tensor], *, model: str, layer: int, final_norm: bool,
-                tokenizer: str, ids: list[list[int]] | None = None) -> Path:
+                tokenizer: str, precision: str = "fp32", ids: list[list[int]] | None = None) -> Path:
     """Write per-prompt states [T_i, d] as one [B, T_max, d] tensor (zero-padded), atomically."""
     from safetensors.torch import save
 
@@ -53,7 +54,7 @@ def save_states(path: str | Path, prompts: list[Tensor], *, model: str, layer: i
     for i, p in enumerate(prompts):
         padded[i, : len(p)] = p
     meta = dict(model=model, layer=str(layer), final_norm=str(final_norm).lower(),
-                dtype=str(padded.dtype).removeprefix("torch."), tokenizer=tokenizer)
+                dtype=str(padded.dtype).removeprefix("torch."), precision=precision, tokenizer=tokenizer)
     if len(set(lengths)) > 1:
         meta["lengths"] = json.dumps(lengths)
     if ids is not None:
@@ -137,4 +138,4 @@ def _validate(path: Path, x: Tensor, meta: dict) -> States:
     if bad:
         raise StatesError(f"{path}: hidden_states contain NaN or inf (prompts {bad[:10]})")
     return States(prompts, model=meta.get("model"), layer=layer, final_norm=meta.get("final_norm") == "true",
-                  tokenizer=meta.get("tokenizer"), ids=ids, meta=dict(meta))
+                  precision=meta.get("precision"), tokenizer=meta.get("tokenizer"), ids=ids, meta=dict(meta))
