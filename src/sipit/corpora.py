@@ -28,6 +28,8 @@ WORDNET_DIR = "/usr/share/wordnet"  # Debian package `wordnet-base`
 
 @dataclass
 class Prompt:
+    """One prompt: `ids` are the truth; `text` is their decoding (re-encoding it may differ)."""
+
     ids: list[int]
     text: str
     source: str
@@ -269,6 +271,8 @@ def sample(spec: str, tokenizer, length: int, seed: int = 0) -> list[Prompt]:
 
     Reproducible under `seed`; no two returned prompts have the same ids.
     """
+    if length < 1:
+        raise ValueError(f"prompt length must be at least 1 token, got {length}")
     prompts, seen = [], set()
     for name, n in parse_spec(spec):
         rng = random.Random(f"{seed}:{name}")
