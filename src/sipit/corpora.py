@@ -269,7 +269,9 @@ def parse_spec(spec: str) -> list[tuple[str, int]]:
 def sample(spec: str, tokenizer, length: int, seed: int = 0) -> list[Prompt]:
     """Prompts of exactly `length` token ids for a spec like 'prose:2000,code:2000,random:1000'.
 
-    Reproducible under `seed`; no two returned prompts have the same ids.
+    Reproducible under `seed` (for a given tokenizer and installed data); each part draws from its
+    own generator seeded by (seed, name), so adding a part leaves the others unchanged apart from
+    dedup: no two returned prompts have the same ids.
     """
     if length < 1:
         raise ValueError(f"prompt length must be at least 1 token, got {length}")
