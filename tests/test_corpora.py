@@ -7,7 +7,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from sipit import corpora
-from sipit.corpora import CORPORA, Prompt, Unavailable, available, sample
+from sipit.corpora import CORPORA, CorpusError, Prompt, Unavailable, available, sample
 
 DEFAULTS = ["prose", "code", "chat", "tech", "random"]  # must work on a clean `make test` machine
 
@@ -91,7 +91,7 @@ def test_unknown_name_and_bad_spec(tok):
         sample("prose:5,poetry:5", tok, 8)
     with pytest.raises(ValueError, match="expected NAME:N"):
         sample("prose", tok, 8)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(CorpusError, match="not found"):
         sample("missing/file.txt:5", tok, 8)
     with pytest.raises(ValueError, match="at least 1 token"):
         sample("tech:5", tok, 0)

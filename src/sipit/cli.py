@@ -23,6 +23,13 @@ def cmd_models(args):
         print(f"{name:14s} {state:40s} {s['description']}")
 
 
+def cmd_corpora(args):
+    from .corpora import CORPORA, available
+
+    for name, ok in available().items():
+        print(f"{name:10s} {'available' if ok else 'not installed':14s} {CORPORA[name][0]}")
+
+
 def _prompts(lm, args) -> list[list[int]]:
     if args.text is not None:
         texts = [args.text]
@@ -93,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("models", help="list embedded models and whether each is installed")
     s.set_defaults(fn=cmd_models)
+
+    s = sub.add_parser("corpora", help="list the named prompt corpora (use as --corpus NAME:N)")
+    s.set_defaults(fn=cmd_corpora)
 
     s = sub.add_parser("capture", help="capture hidden states of prompts at one layer")
     s.add_argument("--model", default="smollm2", help="embedded name, .gguf file, HF id or directory, tiny-gpt2/tiny-llama")

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from .io import SipitError
+
 CHUNK = 4000  # characters; long documents are cut (at line ends) into pieces this size
 POOL = 2  # read text until there are POOL * N distinct non-overlapping spans to choose from
 FORTUNES_DIR = "/usr/share/games/fortunes"  # Debian package `fortunes`
@@ -35,7 +37,11 @@ class Prompt:
     source: str
 
 
-class Unavailable(RuntimeError):
+class CorpusError(SipitError, ValueError):
+    """A corpus spec that cannot be served: unknown name, bad spec, too few distinct spans."""
+
+
+class Unavailable(CorpusError):
     """A named corpus whose data is not installed on this machine."""
 
 
@@ -175,7 +181,7 @@ def _user_file(path: str):
     """A loader for a user file: .txt (one prompt per line) or .jsonl (a "text" field per line)."""
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"prompt file not found: {path}")
+        raise CorpusError(f"prompt file not found: {path}")
 
     def load(rng):
         lines = [s for s in p.read_text(encoding="utf-8").splitlines() if s.strip()]
@@ -237,7 +243,7 @@ def _text_spans(name, docs, tokenizer, length, n, rng, seen) -> list[tuple[int, 
         pool.update(dict.fromkeys(s for ids in encoded for i in range(len(ids) - length + 1)
                                   if (s := tuple(ids[i:i + length])) not in seen))
     if len(pool) < n:
-        raise ValueError(f"corpus {name!r} can provide only {len(pool)} distinct spans of "
+        raise CorpusError(f"corpus {name!r} can provide only {len(pool)} distinct spans of "
                          f"{length} tokens, {n} requested")
     return rng.sample(list(pool), n)
 
@@ -246,7 +252,7 @@ def _random_spans(tokenizer, length, n, rng, seen) -> list[tuple[int, ...]]:
     special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
     vocab = sorted(set(tokenizer.get_vocab().values()) - special)
     if n > len(vocab) ** length - len(seen):
-        raise ValueError(f"corpus 'random' can provide only {len(vocab) ** length - len(seen)} "
+        raise CorpusError(f"corpus 'random' can provide only {len(vocab) ** length - len(seen)} "
                          f"distinct spans of {length} tokens, {n} requested")
     out = {}
     while len(out) < n:
@@ -261,7 +267,7 @@ def parse_spec(spec: str) -> list[tuple[str, int]]:
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, sep, count = part.rpartition(":")
         if not sep or not count.strip().isdigit():
-            raise ValueError(f"bad corpus spec {part!r}: expected NAME:N, e.g. prose:100")
+            raise CorpusError(f"bad corpus spec {part!r}: expected NAME:N, e.g. prose:100")
         parts.append((name.strip(), int(count)))
     return parts
 
@@ -274,7 +280,7 @@ def sample(spec: str, tokenizer, length: int, seed: int = 0) -> list[Prompt]:
     dedup: no two returned prompts have the same ids.
     """
     if length < 1:
-        raise ValueError(f"prompt length must be at least 1 token, got {length}")
+        raise CorpusError(f"prompt length must be at least 1 token, got {length}")
     prompts, seen = [], set()
     for name, n in parse_spec(spec):
         rng = random.Random(f"{seed}:{name}")
@@ -286,7 +292,7 @@ def sample(spec: str, tokenizer, length: int, seed: int = 0) -> list[Prompt]:
             elif name.endswith((".txt", ".jsonl")):
                 loader = _user_file(name)
             else:
-                raise ValueError(f"unknown corpus {name!r}; known: {', '.join(CORPORA)} "
+                raise CorpusError(f"unknown corpus {name!r}; known: {', '.join(CORPORA)} "
                                  f"(or a path to a .txt / .jsonl file)")
             try:
                 docs = iter(loader(rng))
