@@ -114,31 +114,149 @@ def fit_forward_model(tap: LayerTap, ids: Tensor, is_random: Tensor, table: Tens
     P = ((tok - mu[:2 * d]) / sd[:2 * d]) @ W[:2 * d] @ white  # [V, d]
     out = dict(P=P.float(), P_sq=(P ** 2).sum(1).float(), white=white.float(), Bw=(Bm @ white).float(),
                cw=((ym - mu[2 * d:] @ Bm) @ white).float())
-    if tap.layer == tap.lm.n_layers:
-        out.update(fit_lm_gate(tap, ids, is_random, H, out))
-    return out
+    return out, H
+
+
+SCREEN_RANK = 128  # screening: scores and distances in the top principal subspace first ...
+SCREEN_TOP = 64  # ... then exact for this many best candidates per position
+
+
+def _principal_basis(rows: Tensor, k: int, center: Tensor | None = None) -> Tensor:
+    """Top-k right singular vectors of rows [V, d] (optionally centred), float64. [d, k]"""
+    d = rows.shape[1]
+    G = torch.zeros(d, d, dtype=torch.float64)
+    for chunk in rows.split(16384):
+        x = chunk.double() - (center.double() if center is not None else 0)
+        G += x.T @ x
+    return torch.linalg.eigh(G)[1][:, -k:].flip(1)
+
+
+def add_screening(cal: dict[str, Tensor], lm, k: int = SCREEN_RANK) -> None:
+    """Low-rank copies for fast screening: the centred position-0 table projected on its principal
+    subspace (a projection only shrinks distances: certified lower bounds), the whitened token
+    predictions P, and (at the last layer) the LM head rows."""
+    k = min(k, cal["P"].shape[1])
+    mean = cal["table"].double().mean(0)
+    Q = _principal_basis(cal["table"], k, mean)
+    cal.update(t_mean=mean.float(), t_basis=Q.float(),
+               t_proj=torch.cat([(c.double() - mean) @ Q for c in cal["table"].split(16384)]).float())
+    Q = _principal_basis(cal["P"], k)
+    cal.update(p_basis=Q.float(), p_proj=(cal["P"].double() @ Q).float())
+    if "lm_gate" in cal or cal.get("last_layer") is not None:
+        U = lm.unembedding_rows()
+        Q = _principal_basis(U, k)
+        cal.update(u_basis=Q.float(), u_proj=(U.double() @ Q).float())
+
+
+class ForwardModel:
+    """The calibrated ranking model: top-1 guesses for every position, and full rankings on demand.
+
+    Position 0: relative distance of ĥ_0 to every token's state in the table (exact for the
+    closest SCREEN_TOP in the principal subspace, a certified lower bound for the rest).
+    Position t ≥ 1: score(v) = 2 r_t·P_v − ‖P_v‖² with r_t = W ĥ_t − Bw ĥ_{t−1} − cw, plus at the
+    last layer, for text-like prompts, 2·LM_WEIGHT·log p_LM(v | ĥ_{t−1}).
+    """
+
+    def __init__(self, cal: dict[str, Tensor], lm, final_norm: bool):
+        self.c, self.lm, self.final_norm = cal, lm, final_norm
+        self.table_err = STORE_ERR[cal["table"].dtype] + 1e-5  # storage rounding + batched-pass noise
+        self.has_prior = "u_basis" in cal and "lm_gate" in cal
+        self.unembed = lm.unembedding_rows() if self.has_prior else None
+        self.t_proj_sq = (cal["t_proj"].double() ** 2).sum(1)  # [V]
+
+    def position0(self, y: Tensor):
+        """y [d] -> (guess, relative distances [V] (exact for a screened few, else lower bounds), bounds [V])."""
+        c = self.c
+        q = (y.double() - c["t_mean"].double()).float() @ c["t_basis"]  # [k]
+        q_sq = float((q.double() ** 2).sum())
+        d_sq = self.t_proj_sq - 2 * (c["t_proj"] @ q).double() + q_sq  # ‖Π(x_v − y)‖² ≤ ‖x_v − y‖²
+        slack = 3 * q.shape[0] * 2.0 ** -24 * (self.t_proj_sq + q_sq) + 1e-6 * self.t_proj_sq.mean()  # rounding
+        proj = (d_sq - slack).clamp_min(0).sqrt()
+        top = proj.topk(min(SCREEN_TOP, len(proj)), largest=False).indices
+        dist = proj.clone()
+        dist[top] = (c["table"][top].double() - y.double()).norm(dim=1)
+        norm = y.double().norm().clamp_min(1e-30)
+        e = self.table_err  # ‖x̃ − x‖ ≤ e‖x‖ ≤ e(‖ĥ‖ + ‖x − ĥ‖)  =>  d ≥ (d̃ − e) / (1 + e)
+        rel = dist / norm
+        return int(top[dist[top].argmin()]), rel, ((rel - e) / (1 + e)).clamp_min(0)
+
+    def residuals(self, target: Tensor) -> Tensor:
+        """Whitened residuals r_t for t = 1..T-1. [T-1, d]"""
+        c = self.c
+        return target[1:] @ c["white"] - target[:-1] @ c["Bw"] - c["cw"]
+
+    def _normed(self, h: Tensor) -> Tensor:
+        return h if self.final_norm else self.lm.norm(h)
+
+    def guesses(self, target: Tensor) -> tuple[Tensor, bool]:
+        """target [T, d] -> (top-1 guesses for positions 1..T-1 [T-1], whether the LM prior is on)."""
+        c = self.c
+        r = self.residuals(target)
+        approx = 2 * (r @ c["p_basis"]) @ c["p_proj"].T - c["P_sq"]  # [T-1, V]
+        top = approx.topk(min(SCREEN_TOP, approx.shape[1]), dim=1).indices  # [T-1, m]
+        exact = 2 * (c["P"][top] @ r[:, :, None])[..., 0] - c["P_sq"][top]  # [T-1, m]
+        plain = top.gather(1, exact.argmax(1, keepdim=True))[:, 0]
+        if not self.has_prior or len(r) == 0:
+            return plain, False
+        n = self._normed(target[:-1]).float()  # [T-1, d]
+        logits_approx = (n @ c["u_basis"]) @ c["u_proj"].T  # [T-1, V]
+        lse = torch.logsumexp(logits_approx, 1)
+        logp_plain = (n * self.unembed[plain]).sum(1) - lse
+        if float(logp_plain.mean()) <= float(c["lm_gate"]):
+            return plain, False
+        w = 2 * float(c["lm_weight"])
+        approx = approx + w * logits_approx
+        top = approx.topk(min(SCREEN_TOP, approx.shape[1]), dim=1).indices
+        exact = 2 * (c["P"][top] @ r[:, :, None])[..., 0] - c["P_sq"][top] + w * (self.unembed[top] @ n[:, :, None])[..., 0]
+        return top.gather(1, exact.argmax(1, keepdim=True))[:, 0], True
+
+    def scores(self, target: Tensor, t: int, prior: bool, ids: Tensor | None = None) -> Tensor:
+        """Exact scores at position t ≥ 1 of the tokens ids [n] (default: every token). [n]"""
+        c = self.c
+        r = self.residuals(target[t - 1:t + 1])[0]
+        P, P_sq = (c["P"], c["P_sq"]) if ids is None else (c["P"][ids], c["P_sq"][ids])
+        s = 2 * P @ r - P_sq
+        if prior:
+            U = self.unembed if ids is None else self.unembed[ids]
+            s = s + 2 * float(c["lm_weight"]) * (U @ self._normed(target[t - 1]).float())
+        return s
+
+    def ranking(self, target: Tensor, t: int, prior: bool, n: int):
+        """Candidate batches for position t ≥ 1, best first: the top n of a low-rank screen in exact
+        order, then every token in exact order."""
+        c = self.c
+        r = self.residuals(target[t - 1:t + 1])[0]
+        approx = 2 * c["p_proj"] @ (r @ c["p_basis"]) - c["P_sq"]
+        if prior:
+            nrm = self._normed(target[t - 1]).float()
+            approx = approx + 2 * float(c["lm_weight"]) * (c["u_proj"] @ (nrm @ c["u_basis"]))
+        top = approx.topk(min(n, len(approx))).indices
+        yield top[self.scores(target, t, prior, top).argsort(descending=True)]
+        yield from self.scores(target, t, prior).argsort(descending=True).split(n)
 
 
 LM_WEIGHT = 5.0  # at ℓ = L: log-likelihood + LM_WEIGHT · log p_LM(v | prefix) for text-like prompts
 
 
 @torch.no_grad()
-def fit_lm_gate(tap: LayerTap, ids: Tensor, is_random: Tensor, H: Tensor, fit: dict, n: int = 20) -> dict[str, Tensor]:
+def fit_lm_gate(cal: dict[str, Tensor], lm, final_norm: bool, H: Tensor, is_random: Tensor, n: int = 20) -> None:
     """At the last layer the observed ĥ_{t−1} gives the LM's next-token distribution: a strong prior
     for text (SmolLM2, ℓ = 30, held-out prose: top-1 63% → 75%, mean rank 358 → 9) that hurts random
     ids. The gate: the mean LM log-prob of the plain guesses of a prompt; text above it, random below.
     Threshold halfway between the 95th percentile of random rows and the 5th of text rows."""
+    cal.update(lm_gate=torch.tensor([float("inf")]), lm_weight=torch.tensor([LM_WEIGHT]))
+    fm = ForwardModel(cal, lm, final_norm)
+    rows = torch.cat([(~is_random).nonzero()[:128, 0], is_random.nonzero()[:128, 0]])
+    H, is_random = H[rows], is_random[rows]
     means = []
-    for i in range(0, len(ids), 16):
-        h = H[i:i + 16, :n].float()  # [b, n, d]
-        r = h[:, 1:] @ fit["white"] - h[:, :-1] @ fit["Bw"] - fit["cw"]
-        guess = (2 * r @ fit["P"].T - fit["P_sq"]).argmax(-1)  # [b, n-1]
-        lp = torch.log_softmax(tap.lm.next_token_logits(h[:, :-1], normed=tap.final_norm).float(), -1)
-        means.append(lp.gather(-1, guess[..., None])[..., 0].mean(1))
-    means = torch.cat(means)
+    for h in H[:, :n].float():
+        plain, _ = fm.guesses(h)
+        nrm = fm._normed(h[:-1]).float()
+        logits = nrm @ fm.unembed.T
+        means.append(float((logits.gather(1, plain[:, None])[:, 0] - torch.logsumexp((nrm @ cal["u_basis"]) @ cal["u_proj"].T, 1)).mean()))
+    means = torch.tensor(means)
     text, rand = means[~is_random], means[is_random]
-    gate = (text.quantile(0.05) + rand.quantile(0.95)) / 2
-    return dict(lm_gate=gate.reshape(1).float(), lm_weight=torch.tensor([LM_WEIGHT]))
+    cal["lm_gate"] = ((text.quantile(0.05) + rand.quantile(0.95)) / 2).reshape(1).float()
 
 
 def cache_path(tap: LayerTap, n_tokens: int) -> Path:
@@ -154,21 +272,40 @@ def cache_path(tap: LayerTap, n_tokens: int) -> Path:
 
 def load_or_fit(tap: LayerTap, n_tokens: int) -> tuple[dict[str, Tensor], float]:
     """The calibration of `tap` (from the cache, or fitted and cached). Returns (tensors, seconds spent)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     path = cache_path(tap, n_tokens)
     if path.exists():
         try:
-            return load_file(path), 0.0
+            cal = load_file(path)
         except Exception:  # a corrupt cache file is refitted
-            pass
+            cal = None
+        if cal is not None and "t_proj" in cal and cal["t_basis"].shape[1] == min(SCREEN_RANK, cal["P"].shape[1]):
+            return cal, 0.0
+        if cal is not None and tap.layer != tap.lm.n_layers:  # older cache: add the screening tensors
+            add_screening(cal, tap.lm)
+            _save(cal, path)
+            return cal, 0.0
     t0 = time.perf_counter()
     table = position0_table(tap)
-    out = fit_forward_model(tap, *calibration_ids(tap.lm, n_tokens), table)
+    ids, is_random = calibration_ids(tap.lm, n_tokens)
+    out, H = fit_forward_model(tap, ids, is_random, table)
     fits16 = bool(torch.isfinite(table).all() and table.abs().max() < 6e4)
-    out["table"] = table.half() if fits16 else table
+    out["table"] = table.half() if fits16 else table.float()
+    last = tap.layer == tap.lm.n_layers
+    if last:
+        out["last_layer"] = torch.ones(1)
+    add_screening(out, tap.lm)
+    if last:
+        fit_lm_gate(out, tap.lm, tap.final_norm, H, is_random)
+    _save(out, path)
+    return out, time.perf_counter() - t0
+
+
+def _save(cal: dict[str, Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    save_file({k: v.contiguous() for k, v in out.items()}, str(tmp))
+    save_file({k: v.contiguous() for k, v in cal.items()}, str(tmp))
     tmp.replace(path)
-    return out, time.perf_counter() - t0

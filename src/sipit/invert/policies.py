@@ -101,59 +101,33 @@ class Gradient(Policy):
 
 
 class Learned(Policy):
-    """Position-0 table + forward linear model (calibrate.py); guesses every position at once."""
+    """Calibrated ranking (calibrate.ForwardModel): guesses every position at once, so the loop
+    speculates; position 0 also gets certified lower bounds for every token from the table."""
 
     name = "learned"
 
     def __init__(self, tap, config):
-        from .calibrate import STORE_ERR, load_or_fit
+        from .calibrate import ForwardModel, load_or_fit
 
         super().__init__(tap, config)
         cal, self.calibration_seconds = load_or_fit(tap, config.calibration_tokens)
-        table = cal["table"].float()  # [V, d]
-        self.table_err = STORE_ERR[cal["table"].dtype] + 1e-5  # storage rounding + batched-pass noise
-        self.mean = table.mean(0)
-        self.table = table - self.mean  # centred: ‖x‖² − 2x·y + ‖y‖² loses ~1000× less to rounding
-        self.table_sq = (self.table.double() ** 2).sum(1)
-        self.P, self.P_sq = cal["P"], cal["P_sq"]  # [V, d], [V]
-        self.white, self.Bw, self.cw = cal["white"], cal["Bw"], cal["cw"]  # [d, d], [d, d], [d]
-        self.lm_gate = float(cal["lm_gate"]) if "lm_gate" in cal else None
-        self.lm_weight = float(cal["lm_weight"]) if "lm_gate" in cal else 0.0
+        self.model = ForwardModel(cal, tap.lm, tap.final_norm)
 
     def begin(self, target):
         super().begin(target)
-        tgt = target.float()
-        y = tgt[0] - self.mean
-        y_sq = float((y.double() ** 2).sum())
-        d_sq = self.table_sq - 2 * (self.table @ y).double() + y_sq  # [V]
-        gamma = 3 * self.table.shape[1] * 2.0 ** -24  # float32 dot-product error bound, generous
-        lo = (d_sq - gamma * (self.table_sq + y_sq)).clamp_min(0).sqrt()
-        norm = tgt[0].double().norm().clamp_min(1e-30)
-        e = self.table_err  # ‖x̃ − x‖ ≤ e‖x‖ ≤ e(‖ĥ‖ + ‖x − ĥ‖)  =>  d ≥ (d̃ − e) / (1 + e)
-        self.d0 = d_sq.clamp_min(0).sqrt() / norm
-        self.bounds0 = ((lo / norm - e) / (1 + e)).clamp_min(0)
-        self.r = tgt[1:] @ self.white - tgt[:-1] @ self.Bw - self.cw  # whitened residuals [T-1, d]
-        self.prior = None
-        scores = self._scores(slice(0, len(self.r)))
-        if self.lm_gate is not None and len(self.r):  # last layer: the LM's next-token prior, if text-like
-            logits = self.tap.lm.next_token_logits(target[:-1], normed=self.tap.final_norm).float()
-            prior = torch.log_softmax(logits, -1)  # [T-1, V]
-            if float(prior.gather(1, scores.argmax(1, keepdim=True)).mean()) > self.lm_gate:
-                self.prior = 2 * self.lm_weight * prior
-                scores = scores + self.prior
-        self.guess = torch.cat([self.d0.argmin()[None], scores.argmax(1)])  # [T]
-
-    def _scores(self, rows: slice) -> Tensor:
-        """2 × log-likelihood (up to constants) of every token at positions rows.start+1.. -> [n, V]."""
-        s = 2 * self.r[rows] @ self.P.T - self.P_sq
-        return s + self.prior[rows] if self.prior is not None else s
+        self.target = target.float()
+        g0, self.d0, self.bounds0 = self.model.position0(self.target[0])
+        rest, self.prior = self.model.guesses(self.target)
+        self.guess = torch.cat([torch.tensor([g0]), rest])  # [T]
 
     def guesses(self, t, ids):
         return self.guess[t:]
 
     def candidates(self, t, prefix):
-        order = self.d0.argsort() if t == 0 else self._scores(slice(t - 1, t))[0].argsort(descending=True)
-        yield from order.split(self.config.batch_size)
+        if t == 0:  # table distances: exact for the screened few, lower bounds for the rest
+            yield from self.d0.argsort().split(self.config.batch_size)
+        else:  # (the loop skips ids already tried)
+            yield from self.model.ranking(self.target, t, self.prior, self.config.batch_size)
 
     def lower_bounds(self, t):
         return self.bounds0 if t == 0 else None

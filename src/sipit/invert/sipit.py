@@ -28,11 +28,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import Tensor
 
+from ..io import SipitError
 from ..models import LM, LayerTap, ModelError, load_model
 from .verify import DuplicateClasses, rel_distance, tolerance
 
 
-class InversionError(ValueError):
+class InversionError(SipitError, ValueError):
     """Input that cannot be inverted at all (shape, emptiness); the message says why."""
 
 
@@ -42,7 +43,8 @@ class InvertConfig:
     eps: float | None = None  # relative acceptance threshold; None: verify.tolerance(states dtype)
     batch_size: int = 256  # candidates per forward pass when searching a position
     speculate: bool = True  # verify a policy's whole-sequence guesses in one pass, if it makes any
-    lookahead_tokens: int = 64  # first search batch: candidates × (1 + guessed continuation) tokens
+    lookahead_tokens: int = 32  # first search batch: candidates × (1 + guessed continuation) tokens
+    first_batch: int = 16  # then candidate batches of 16, 64, 256, ... up to batch_size
     max_candidates: int | None = None  # per position; None: the whole vocabulary before failing
     seed: int = 0  # random policy
     grad_steps: int = 200  # gradient policy: steps before falling back to exhaustive order
@@ -187,6 +189,9 @@ class SipIt:
         t = 0
         while t < T:
             guess = self.policy.guesses(t, prefix.ids) if self.config.speculate else None
+            bounds = self.policy.lower_bounds(t)
+            if guess is not None and bounds is not None and bounds[guess[0]] > self.eps:
+                checked = {int(guess[0]): float(bounds[guess[0]])}  # certified wrong: no pass needed
             if guess is not None and int(guess[0]) not in checked:
                 prefix, accepted = self._speculate(prefix, guess)
                 positions += accepted
@@ -252,11 +257,14 @@ class SipIt:
         evaluated = dict(checked)
         limit = cfg.max_candidates or V
         lookahead = continuation is not None and len(continuation) > 0 and cfg.lookahead_tokens > 0
+        n_batches = 0
         while len(evaluated) < limit:
             if lookahead:
                 batch = queue.take(max(1, cfg.lookahead_tokens // (1 + len(continuation))))
             else:
-                batch = queue.take(min(cfg.batch_size, limit - len(evaluated)))
+                size = min(cfg.batch_size, cfg.first_batch * 4 ** n_batches)
+                batch = queue.take(min(size, limit - len(evaluated)))
+                n_batches += 1
             if batch is None:
                 break
             rows = torch.cat([batch[:, None], continuation.expand(len(batch), -1)], 1) if lookahead else batch[:, None]

@@ -98,10 +98,9 @@ class LM:
         return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
 
     @torch.no_grad()
-    def next_token_logits(self, h: torch.Tensor, normed: bool = False) -> torch.Tensor:
-        """Next-token logits from last-layer states h [..., d] (raw residual; normed=True if the
-        final norm was already applied). [..., V]"""
-        return self.model.get_output_embeddings()(h if normed else self.norm(h))
+    def unembedding_rows(self) -> torch.Tensor:
+        """Rows of the LM head: next-token logits = norm(h_L) @ rows.T (before any soft-capping). [V, d]"""
+        return self.model.get_output_embeddings().weight
 
     @torch.no_grad()
     def embedding_rows(self) -> torch.Tensor:
