@@ -215,3 +215,12 @@ def test_cli_invert_roundtrip_and_failures(tmp_path, capsys):
     # NaN
     np.save(npy, np.full((4, 64), np.nan, dtype="float32"))
     assert main(["invert", str(npy), "-q", "--model", "tiny-gpt2", "--layer", "1"]) == 2
+
+
+def test_certify_gives_every_position_a_margin(lm):
+    ids, states = capture(lm, TEXT[:1], 2)
+    r = invert(lm, states, 2, InvertConfig(certify=8, **FAST), progress=False, true_ids=ids.tolist())
+    p = r.prompts[0]
+    assert p.exact
+    for q in p.positions:
+        assert q.margin is not None and q.margin > 100 * r.eps and q.margin_over >= 8

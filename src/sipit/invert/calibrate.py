@@ -210,10 +210,19 @@ class ForwardModel:
         exact = 2 * (c["P"][top] @ r[:, :, None])[..., 0] - c["P_sq"][top] + w * (self.unembed[top] @ n[:, :, None])[..., 0]
         return top.gather(1, exact.argmax(1, keepdim=True))[:, 0], True
 
-    def scores(self, target: Tensor, t: int, prior: bool, ids: Tensor | None = None) -> Tensor:
+    def residual(self, target: Tensor, t: int, anchor=None) -> Tensor:
+        """r_t [d]; with an anchor (a wrong token g and its exact state h_t(g) on the verified
+        prefix) the context part is measured instead of predicted: r = W(ĥ_t − h_t(g)) + P_g.
+        (SmolLM2, after a wrong first guess: next candidate right 73% vs 50% at ℓ=15, 39% vs 31% at ℓ=30.)"""
+        if anchor is None:
+            return self.residuals(target[t - 1:t + 1])[0]
+        g, h = anchor
+        return (target[t] - h) @ self.c["white"] + self.c["P"][g]
+
+    def scores(self, target: Tensor, t: int, prior: bool, ids: Tensor | None = None, anchor=None) -> Tensor:
         """Exact scores at position t ≥ 1 of the tokens ids [n] (default: every token). [n]"""
         c = self.c
-        r = self.residuals(target[t - 1:t + 1])[0]
+        r = self.residual(target, t, anchor)
         P, P_sq = (c["P"], c["P_sq"]) if ids is None else (c["P"][ids], c["P_sq"][ids])
         s = 2 * P @ r - P_sq
         if prior:
@@ -221,18 +230,18 @@ class ForwardModel:
             s = s + 2 * float(c["lm_weight"]) * (U @ self._normed(target[t - 1]).float())
         return s
 
-    def ranking(self, target: Tensor, t: int, prior: bool, n: int):
+    def ranking(self, target: Tensor, t: int, prior: bool, n: int, anchor=None):
         """Candidate batches for position t ≥ 1, best first: the top n of a low-rank screen in exact
         order, then every token in exact order."""
         c = self.c
-        r = self.residuals(target[t - 1:t + 1])[0]
+        r = self.residual(target, t, anchor)
         approx = 2 * c["p_proj"] @ (r @ c["p_basis"]) - c["P_sq"]
         if prior:
             nrm = self._normed(target[t - 1]).float()
             approx = approx + 2 * float(c["lm_weight"]) * (c["u_proj"] @ (nrm @ c["u_basis"]))
         top = approx.topk(min(n, len(approx))).indices
-        yield top[self.scores(target, t, prior, top).argsort(descending=True)]
-        yield from self.scores(target, t, prior).argsort(descending=True).split(n)
+        yield top[self.scores(target, t, prior, top, anchor).argsort(descending=True)]
+        yield from self.scores(target, t, prior, None, anchor).argsort(descending=True).split(n)
 
 
 LM_WEIGHT = 5.0  # at ℓ = L: log-likelihood + LM_WEIGHT · log p_LM(v | prefix) for text-like prompts

@@ -4,6 +4,7 @@ Interface (all methods cheap unless noted):
     begin(target [T, d])          a new prompt
     guesses(t, ids) -> [T-t] | None   top-1 guesses for positions t.. (speculation), or None
     candidates(t, prefix) -> iterator of id batches [B], best first (may be lazy and expensive)
+    observe(t, ids [B], states [B, d])  wrong candidates' exact states at t on the verified prefix
     lower_bounds(t) -> [V] | None     certified lower bounds of every token's relative distance
     cost                              dict the loop provides; policies add backward_tokens here
 
@@ -45,6 +46,9 @@ class Policy:
 
     def lower_bounds(self, t: int) -> Tensor | None:
         return None
+
+    def observe(self, t: int, ids: Tensor, states: Tensor) -> None:
+        pass
 
 
 class Exhaustive(Policy):
@@ -119,15 +123,19 @@ class Learned(Policy):
         g0, self.d0, self.bounds0 = self.model.position0(self.target[0])
         rest, self.prior = self.model.guesses(self.target)
         self.guess = torch.cat([torch.tensor([g0]), rest])  # [T]
+        self.anchors = {}  # t -> (wrong id, its exact state at t on the verified prefix)
 
     def guesses(self, t, ids):
         return self.guess[t:]
+
+    def observe(self, t, ids, states):
+        self.anchors.setdefault(t, (int(ids[0]), states[0].float()))
 
     def candidates(self, t, prefix):
         if t == 0:  # table distances: exact for the screened few, lower bounds for the rest
             yield from self.d0.argsort().split(self.config.batch_size)
         else:  # (the loop skips ids already tried)
-            yield from self.model.ranking(self.target, t, self.prior, self.config.batch_size)
+            yield from self.model.ranking(self.target, t, self.prior, self.config.batch_size, self.anchors.get(t))
 
     def lower_bounds(self, t):
         return self.bounds0 if t == 0 else None

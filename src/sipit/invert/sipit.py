@@ -52,6 +52,8 @@ class InvertConfig:
     grad_snap_every: int = 1  # gradient policy: propose candidates every K steps
     grad_snap_k: int = 8  # gradient policy: nearest unvisited rows proposed per snap
     calibration_tokens: int = 49_152  # learned policy: text + random-id tokens to fit on (one-time)
+    certify: int = 0  # after recovery, evaluate this many top-ranked alternatives at every position
+    #                   whose margin covers fewer (speculated positions: none); costs ~T/2 forward passes
 
 
 @dataclass
@@ -209,6 +211,8 @@ class SipIt:
                                     f"(best relative distance {found[-1].distance:.3g}); "
                                     "wrong model, layer, norm setting, or not a state of a token sequence?")
             t = prefix.length
+        if self.config.certify:
+            self._certify(prefix, positions)
         status = "ambiguous" if any(q.duplicates or q.also_within_eps for q in positions) else "ok"
         return self._finish(t0, prefix.ids.tolist(), positions, status, T, true_ids)
 
@@ -235,6 +239,8 @@ class SipIt:
         d = rel_distance(h[0], self.target[t:t + len(guess)])
         n = int((d <= self.eps).long().cumprod(0).sum())
         self._last_distance = float(d[n]) if n < len(d) else float("nan")
+        if n < len(d):  # the first wrong guess was computed on a verified prefix: tell the policy
+            self.policy.observe(t + n, guess[n:n + 1], h[0, n:n + 1])
         accepted = [self._position(int(v), float(dv), {}, "speculation", self.policy.lower_bounds(t + i))
                     for i, (v, dv) in enumerate(zip(guess[:n], d[:n]))]
         return grown(0, n), accepted
@@ -282,7 +288,10 @@ class SipIt:
                     n += int(ok.sum())
                     found += [self._position(int(v), float(dv), {}, "lookahead")
                               for v, dv in zip(continuation[:n - 1], d[b, 1:n])]
-                    nxt = {int(continuation[n - 1]): float(d[b, n])} if n - 1 < len(continuation) else {}
+                    nxt = {}
+                    if n - 1 < len(continuation):
+                        nxt = {int(continuation[n - 1]): float(d[b, n])}
+                        self.policy.observe(t + n, continuation[n - 1:n], h[b, n:n + 1])
                 else:
                     nxt = {}
                 return grown(b, n), found, nxt
@@ -292,6 +301,29 @@ class SipIt:
             best = min(best, float(bounds.min()))
         fail = Position(token=None, distance=best, margin=None, margin_over=0, tried=len(evaluated), via="search")
         return prefix, [fail], {}
+
+    def _certify(self, prefix, positions: list[Position]) -> None:
+        """Margins for positions verified without alternatives: the policy's top `certify` others,
+        evaluated on the (cropped) verified prefix."""
+        k = self.config.certify
+        for t, q in enumerate(positions):
+            if q.margin_over >= k:
+                continue
+            cls = self.dups.members(q.token)
+            queue = _Queue(self.policy.candidates(t, prefix.crop(t)), torch.zeros(self.lm.vocab_size, dtype=torch.bool), k)
+            queue.seen[cls] = True
+            batch = queue.take(k)
+            if batch is None:
+                continue
+            h = self._extend(prefix.crop(t), batch[:, None])[0][:, 0]
+            d = rel_distance(h, self.target[t])
+            margin = float(d.min())
+            q.margin = margin if q.margin is None else min(q.margin, margin)
+            q.margin_over += len(batch)
+            q.tried += len(batch)
+            near = [int(u) for u in batch[d <= self.eps]]
+            if near:
+                q.also_within_eps = sorted(set(q.also_within_eps or []) | set(near))
 
     def _position(self, v: int, dist: float, evaluated: dict[int, float], via: str, bounds: Tensor | None = None,
                   tried: int = 1) -> Position:
