@@ -73,9 +73,9 @@ def _forward_seconds(tap, ids, repeats=3) -> float:
     return statistics.median(times)
 
 
-def run(model="smollm2", layers=None, policies=("learned", "gradient", "random", "exhaustive"), kinds=("prose", "code", "random"),
-        n=10, length=20, threads=2, seed=1, slow_prompts=1, slow_positions=2, final_norm=False,
-        progress=False) -> dict:
+def run(model="smollm2", layers=None, policies=("learned", "gradient", "random", "exhaustive"),
+        kinds=("prose", "code", "random"), n=10, length=20, threads=2, seed=1, slow_prompts=1, slow_positions=2,
+        final_norm=False, progress=False) -> dict:
     torch.set_num_threads(threads)
     lm = load_model(model)
     layers = layers or [1, lm.n_layers // 2, lm.n_layers]
@@ -122,7 +122,8 @@ def run(model="smollm2", layers=None, policies=("learned", "gradient", "random",
                 ratio_to_forward=round(statistics.median(per_prompt) / statistics.median(fwd), 3),
                 candidates_per_position=round(sum(tried) / len(tried), 3),
                 vocab_explored_pct=round(100 * sum(tried) / len(tried) / lm.vocab_size, 5),
-                forward_equivalents_per_prompt=round(statistics.mean(r.forward_equivalents * length / T for r in res), 3),
+                forward_equivalents_per_prompt=round(
+                    statistics.mean(r.forward_equivalents * length / T for r in res), 3),
                 tap_calls_per_prompt=round(statistics.mean(r.tap_calls for r in res), 3),
                 speculated_pct=round(100 * sum(q.via != "search" for q in positions) / len(positions), 2),
                 calibration_seconds=round(engine.calibration_seconds, 1),

@@ -310,8 +310,9 @@ class SipIt:
             if q.margin_over >= k:
                 continue
             cls = self.dups.members(q.token)
-            queue = _Queue(self.policy.candidates(t, prefix.crop(t)), torch.zeros(self.lm.vocab_size, dtype=torch.bool), k)
-            queue.seen[cls] = True
+            seen = torch.zeros(self.lm.vocab_size, dtype=torch.bool)
+            seen[cls] = True
+            queue = _Queue(self.policy.candidates(t, prefix.crop(t)), seen, k)
             batch = queue.take(k)
             if batch is None:
                 continue
