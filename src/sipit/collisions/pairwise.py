@@ -69,10 +69,12 @@ def min_pairwise(
     n, d = x.shape
     if n < 2 or keep < 1:
         raise ValueError(f"need at least 2 rows and keep >= 1, got n={n}, keep={keep}")
-    block = min(block, n)
     x = x.detach().cpu()  # the truth: the original vectors, rechecked in float64
+    block = min(block, n)
     A, B = torch.empty(n, d + 2), torch.empty(n, d + 2)  # screen operands, [N, d+2] each
     sq, mean_norm = _centre(x, out=A[:, :d])  # [N] centred squared norms (float64)
+    if not math.isfinite(mean_norm):  # any NaN/inf entry makes its row norm NaN/inf
+        raise ValueError("x has NaN or infinite entries")
     # Certified screen: fp32 GEMM of [a, (1-c)|a|^2, 1] . [-2b, 1, (1-c)|b|^2] is <= |a-b|^2 when
     # c >= 2*gamma_{d+2} (any-order dot-product error <= gamma_n*sum|terms| <= 2*gamma_n*(|a|^2+|b|^2),
     # gamma_n = n*u/(1-n*u), Higham Thm 3.5) + 8u (rounding the centred rows and norms to fp32).
