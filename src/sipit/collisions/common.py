@@ -120,6 +120,25 @@ def group_ids(keys: list) -> torch.Tensor:
     return torch.tensor([first.setdefault(k, i) for i, k in enumerate(keys)], dtype=torch.long)
 
 
+QUANTILES = [0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0]
+REL_EDGES = [10.0 ** (e / 20) for e in range(-80, 21)]  # relative distance 1e-4 .. 10, 20 bins per decade
+
+
+def distribution(x: torch.Tensor, scale: float, rows: int = 1024, seed: int = 0) -> dict:
+    """Distances / scale over all pairs among `rows` rows of x [N, d] drawn with `seed`: quantiles
+    and a histogram on REL_EDGES (counts[0] below the first edge, counts[-1] above the last).
+    For plots only: the exact minimum comes from the pairwise search."""
+    idx = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[: min(rows, len(x))].sort().values
+    sub = x[idx].double()
+    sub = sub - sub.mean(0)
+    i, j = torch.triu_indices(len(sub), len(sub), 1)
+    rel = torch.cdist(sub, sub)[i, j] / (scale if scale > 0 else 1.0)
+    counts = torch.bucketize(rel, torch.tensor(REL_EDGES, dtype=rel.dtype), right=True).bincount(minlength=len(REL_EDGES) + 1)
+    q = torch.quantile(rel, torch.tensor(QUANTILES, dtype=rel.dtype)) if len(rel) <= 2**24 else None
+    return dict(rows=len(idx), pairs=len(rel), seed=seed, quantiles=QUANTILES,
+                relative_quantiles=q.tolist() if q is not None else None, edges=REL_EDGES, counts=counts.tolist())
+
+
 def analyse_layer(x: torch.Tensor, groups: torch.Tensor, *, layer: int, threshold: float, keep: int,
                   progress: bool = False, max_classes: int = 50) -> dict:
     """Minimum pairwise distance of the rows of x [N, d] whose structural classes are `groups` [N]
@@ -139,6 +158,7 @@ def analyse_layer(x: torch.Tensor, groups: torch.Tensor, *, layer: int, threshol
     worst = max((float((x[m].double() - x[m[0]].double()).norm(dim=1).max()) for m in classes), default=0.0)
 
     out = dict(layer=layer, n=n, n_pairs=n * (n - 1) // 2, median_norm=median_norm, threshold=threshold,
+               distribution=distribution(x[reps], median_norm) if len(reps) >= 2 else None,
                structural=dict(pairs=structural_pairs, classes=len(classes), max_distance=worst,
                                members=[m.tolist() for m in classes[:max_classes]]))
     if len(reps) < 2:  # everything is one class: no non-structural pair exists
