@@ -112,6 +112,7 @@ def plot_layerwise_min(result: dict, path: Path) -> Path:
     axes[0].axhline(result["config"]["threshold"], color="red", ls="--", lw=1, label="collision threshold")
     for ax, title in zip(axes, ("minimum L2 distance", "minimum distance / median state norm")):
         ax.set_yscale("log")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("layer")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
@@ -122,30 +123,46 @@ def plot_layerwise_min(result: dict, path: Path) -> Path:
 
 
 def plot_distributions(result: dict, path: Path, max_series: int = 4) -> Path:
-    """Histogram of pairwise distances per layer (a row subsample, see pairwise._histogram),
-    one panel per series, one line per layer coloured by depth."""
+    """Distribution of pairwise distances (relative to the median state norm) per layer, from each
+    layer's row subsample (see collisions.common.distribution). One row of panels per series: the
+    quantile bands against the layer with the exact minimum, and the histograms coloured by layer."""
     plt = _pyplot()
     series = result["series"][:max_series]
-    fig, axes = plt.subplots(1, len(series), figsize=(6 * len(series), 4), squeeze=False)
+    fig, axes = plt.subplots(len(series), 2, figsize=(12, 4 * len(series)), squeeze=False)
     cmap = plt.get_cmap("viridis")
     L = max(result["n_layers"], 1)
-    for ax, s in zip(axes[0], series):
-        for r in s["layers"]:
-            h = r.get("histogram")
-            if not h:
-                continue
-            edges, counts = h["edges"], h["counts"]
-            total = max(sum(counts), 1)
-            centers = [edges[0] / 2] + [(a * b) ** 0.5 for a, b in zip(edges, edges[1:])] + [edges[-1] * 2]
-            ax.plot(centers, [c / total for c in counts], color=cmap(r["layer"] / L), lw=1)
-        ax.set_xscale("log")
-        ax.set_xlabel("pairwise L2 distance")
-        ax.set_ylabel("fraction of pairs")
-        ax.set_title(s["label"], fontsize=9)
-        ax.grid(True, which="both", alpha=0.3)
-    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, L))
-    fig.colorbar(sm, ax=axes[0].tolist(), label="layer")
-    fig.suptitle(f"{result['model']}: distribution of pairwise distances per layer")
+    for (band, hist), s in zip(axes, series):
+        rows = [r for r in s["layers"] if r.get("distribution") and r["distribution"]["relative_quantiles"]]
+        x = [r["layer"] for r in rows]
+        q = [dict(zip(r["distribution"]["quantiles"], r["distribution"]["relative_quantiles"])) for r in rows]
+        band.fill_between(x, [v[0.01] for v in q], [v[0.99] for v in q], alpha=0.15, color="C0", label="1–99%")
+        band.fill_between(x, [v[0.25] for v in q], [v[0.75] for v in q], alpha=0.35, color="C0", label="25–75%")
+        band.plot(x, [v[0.5] for v in q], color="C0", marker="o", ms=3, label="median (subsample)")
+        exact = [(r["layer"], max(r["min_relative"], 1e-12)) for r in s["layers"] if r["min_relative"] is not None]
+        band.plot(*zip(*exact), color="C3", marker="v", ms=4, ls="", label="exact minimum (all pairs)")
+        band.set_yscale("log")
+        band.xaxis.get_major_locator().set_params(integer=True)
+        band.set_xlabel("layer")
+        band.set_ylabel("distance / median state norm")
+        band.set_title(s["label"], fontsize=9)
+        band.grid(True, which="both", alpha=0.3)
+        band.legend(fontsize=7)
+        used = []
+        for r in rows:
+            d = r["distribution"]
+            edges, counts = d["edges"], d["counts"][1:-1]  # the in-range bins
+            centers = [(a * b) ** 0.5 for a, b in zip(edges, edges[1:])]
+            hist.plot(centers, [c / d["pairs"] for c in counts], color=cmap(r["layer"] / L), lw=1)
+            used += [c for c, n in zip(centers, counts) if n]
+        hist.set_xscale("log")
+        if used:
+            hist.set_xlim(min(used) / 2, max(used) * 2)
+        hist.set_xlabel("distance / median state norm")
+        hist.set_ylabel("fraction of pairs per bin (1/20 decade)")
+        hist.grid(True, which="both", alpha=0.3)
+        fig.colorbar(plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, L)), ax=hist, label="layer")
+    fig.suptitle(f"{result['model']}: distribution of pairwise distances per layer ({result['kind']})")
+    fig.tight_layout()
     return _save(plt, fig, path)
 
 
