@@ -11,7 +11,7 @@ import torch
 
 from .io import SipitError
 
-BENCHMARKS = ("tap", "pairwise", "invert")
+BENCHMARKS = ("tap", "pairwise", "invert", "exhaustive")
 DEMO_TEXT = "The quick brown fox jumps over the lazy dog while the old farmer watches from the porch."
 
 
