@@ -6,7 +6,7 @@
 results.json names its `kind`; REPORTS maps a kind to the function that reports it, so a new kind
 of result plugs in without touching the others. Layerwise kinds ("collisions", "exhaustive") share
 one structure: `series`, each with `label`, `n`, `n_pairs` and `layers` (one analysis per layer:
-layer, min_distance, min_relative, median_norm, below_threshold, structural, histogram).
+layer, min_distance, min_relative, median_norm, below_threshold, structural, distribution).
 """
 from __future__ import annotations
 

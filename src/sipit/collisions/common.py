@@ -145,8 +145,9 @@ def analyse_layer(x: torch.Tensor, groups: torch.Tensor, *, layer: int, threshol
     (groups[i] = representative row of row i, see group_ids). Row indices in the output refer to x.
 
     Returns a JSON-able dict: the minimum over non-structural pairs (exact, float64) and relative to
-    the median row norm, the `keep` closest pairs, the pairs at distance <= threshold, a histogram,
-    and the structural classes with the largest distance observed inside one (0 up to rounding).
+    the median row norm, the `keep` closest pairs, the pairs at distance <= threshold, the
+    distribution of distances on a row subsample, and the structural classes with the largest
+    distance observed inside one (0 up to rounding).
     """
     t0 = time.perf_counter()
     n = len(x)
@@ -163,9 +164,11 @@ def analyse_layer(x: torch.Tensor, groups: torch.Tensor, *, layer: int, threshol
                                members=[m.tolist() for m in classes[:max_classes]]))
     if len(reps) < 2:  # everything is one class: no non-structural pair exists
         out.update(min_distance=None, min_relative=None, min_pair=None, closest=[], below_threshold=0,
-                   below_pairs=[], histogram=None, searched_pairs=0, seconds=time.perf_counter() - t0)
+                   below_pairs=[], searched_pairs=0, screen_candidates=0, seconds=time.perf_counter() - t0)
         return out
-    res = min_pairwise(x[reps], threshold=threshold, keep=keep, progress=progress)
+    # hist_rows kept small: the engine's own histogram recomputes its near pairs in one float64
+    # block, which can take GBs when a few states have huge norms; `distribution` replaces it
+    res = min_pairwise(x[reps], threshold=threshold, keep=keep, progress=progress, hist_rows=64)
     rel = (lambda d: d / median_norm) if median_norm > 0 else (lambda d: 0.0)
     pair = lambda i, j, d: dict(i=int(reps[i]), j=int(reps[j]), distance=d, relative=rel(d))  # noqa: E731
     below = [pair(*p) for p in res.below_pairs]
@@ -176,7 +179,7 @@ def analyse_layer(x: torch.Tensor, groups: torch.Tensor, *, layer: int, threshol
         # each representative pair stands for size_i * size_j pairs of rows
         below_threshold=int(sum(int(size[p["i"]]) * int(size[p["j"]]) for p in below))
         if len(below) == res.below_threshold else res.below_threshold,
-        below_pairs=below, histogram=res.histogram, searched_pairs=res.n_pairs,
+        below_pairs=below, searched_pairs=res.n_pairs, screen_candidates=res.candidates,
         seconds=time.perf_counter() - t0,
     )
     return out
