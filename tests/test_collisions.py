@@ -144,7 +144,7 @@ def test_exhaustive_planted_duplicate(spec, tmp_path):
             x = common.load_layer(chunks, r["layer"])
             assert torch.equal(x[7], x[42])  # a genuine zero distance
             assert r["min_distance"] > 0 and r["min_distance"] == pytest.approx(brute_min(x, groups), rel=1e-9)
-            assert all({p["i"], p["j"]} != {7, 42} for p in r["closest"])
+            assert all({p["i"], p["j"]} != {7, 42} and p["embedding_distance"] > 0 for p in r["closest"])
     # the states are those of prefix + token through the ordinary tap
     p = res.prefixes[0]["ids"]
     from sipit.models import LayerTap

@@ -132,6 +132,7 @@ def run(lm: LM, cfg: ExhaustiveConfig, out_dir: str | Path, progress: bool = Tru
         write_json(out / "prefixes.json", prefixes)
 
     classes = embedding_classes(lm)  # [V]: token -> smallest token with the same embedding row
+    emb = lm.embedding_rows()  # [V, d]
     V, B = lm.vocab_size, cfg.batch_size
     tap = LayerTap(lm, max(layers), final_norm=cfg.final_norm)
     all_results = []
@@ -151,8 +152,9 @@ def run(lm: LM, cfg: ExhaustiveConfig, out_dir: str | Path, progress: bool = Tru
         def analyse(layer):
             res = analyse_layer(load_layer(chunks, layer), classes, layer=layer, threshold=cfg.threshold,
                                 keep=cfg.keep, progress=progress)
-            for p in res["closest"]:
-                p.update(text_i=lm.decode([p["i"]]), text_j=lm.decode([p["j"]]))
+            for p in res["closest"]:  # how far apart the two tokens already were at the input
+                p.update(text_i=lm.decode([p["i"]]), text_j=lm.decode([p["j"]]),
+                         embedding_distance=float((emb[p["i"]].double() - emb[p["j"]].double()).norm()))
             res["structural"]["tokens"] = [[dict(id=t, text=lm.decode([t])) for t in m]
                                            for m in res["structural"]["members"]]
             res["states_seconds"] = sum(map(chunk_seconds, chunks))
