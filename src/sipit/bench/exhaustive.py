@@ -3,6 +3,7 @@
 Prints JSON with states/s (candidates appended to a cached prefix, all requested layers in one pass)
 and pairs/s (the exact pairwise search on those states), and the projected time of a full
 vocabulary sweep: V / states_per_s + layers * V(V-1)/2 / pairs_per_s. `--candidates 0` = all V.
+pairs/s grows with the number of rows (fixed costs amortise), so the projection is pessimistic.
 """
 from __future__ import annotations
 
