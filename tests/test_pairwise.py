@@ -103,9 +103,11 @@ def test_many_duplicates_dtypes_and_json():
     assert h["counts"][0] == 1275  # the zero-distance pairs land in the underflow bin
 
 
-def test_rejects_single_row():
+def test_rejects_bad_input():
     with pytest.raises(ValueError):
         min_pairwise(torch.zeros(1, 4))
+    with pytest.raises(ValueError):
+        min_pairwise(torch.tensor([[0.0, 1.0], [float("nan"), 0.0]]))
 
 
 def test_distances_below_screen_resolution():

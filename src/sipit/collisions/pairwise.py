@@ -35,7 +35,7 @@ class PairwiseResult:
     mean_norm: float  # mean L2 norm of the rows, to express distances relative to it
     histogram: dict  # distance counts over all pairs of a row subsample, see _histogram
     candidates: int  # pairs the screen could not rule out, rechecked in float64
-    block: int  # tile size used
+    block: int  # rows per tile used
     seconds: float
 
     def relative(self, distance: float) -> float:
@@ -53,42 +53,41 @@ def min_pairwise(
     *,
     threshold: float = 1e-6,
     keep: int = 20,
-    block: int = 2048,
+    block: int = 1024,
     progress: bool = False,
     max_below: int = 100_000,
-    hist_rows: int = 2048,
+    hist_rows: int = 1024,
     seed: int = 0,
 ) -> PairwiseResult:
     """Exact closest pairs among the rows of x: Tensor[N, d] (any float dtype, CPU).
 
-    block: tile size; a tile is a [block, block] float32 buffer (16 MiB at 2048), large
-    enough for GEMM to run at full speed and independent of N and d.
+    block: rows per tile (see tile_grid); a tile is a [block, 4*block] float32 buffer (16 MiB
+    at 1024), large enough for GEMM to run at full speed; the share computed in vain is ~block/N.
     hist_rows, seed: the histogram covers all pairs among `hist_rows` rows drawn with `seed`.
     """
     t_start = time.perf_counter()
     n, d = x.shape
     if n < 2 or keep < 1:
         raise ValueError(f"need at least 2 rows and keep >= 1, got n={n}, keep={keep}")
+    x = x.detach().cpu()  # the truth: the original vectors, rechecked in float64
     block = min(block, n)
-    x64 = x.detach().to("cpu", torch.float64)  # the truth: original vectors, exactly
-    xc = x64 - x64.mean(0)  # centring cuts the fp32 error by (|x| / |x - mean|)^2
-    sq = xc.square().sum(1)  # [N] centred squared norms
-    xc32 = xc.float()
-    del xc
+    A, B = torch.empty(n, d + 2), torch.empty(n, d + 2)  # screen operands, [N, d+2] each
+    sq, mean_norm = _centre(x, out=A[:, :d])  # [N] centred squared norms (float64)
+    if not math.isfinite(mean_norm):  # any NaN/inf entry makes its row norm NaN/inf
+        raise ValueError("x has NaN or infinite entries")
     # Certified screen: fp32 GEMM of [a, (1-c)|a|^2, 1] . [-2b, 1, (1-c)|b|^2] is <= |a-b|^2 when
     # c >= 2*gamma_{d+2} (any-order dot-product error <= gamma_n*sum|terms| <= 2*gamma_n*(|a|^2+|b|^2),
     # gamma_n = n*u/(1-n*u), Higham Thm 3.5) + 8u (rounding the centred rows and norms to fp32).
     gamma = (d + 2) * U32 / (1 - (d + 2) * U32)
     c = 2.01 * gamma + 8 * U32
-    lo = ((1 - c) * sq).float()[:, None]
-    one = torch.ones(n, 1)
-    A = torch.cat([xc32, lo, one], 1)  # [N, d+2]
-    B = torch.cat([-2 * xc32, one, lo], 1)  # [N, d+2]
+    torch.mul(A[:, :d], -2, out=B[:, :d])
+    A[:, d] = B[:, d + 1] = (1 - c) * sq
+    A[:, d + 1] = B[:, d] = 1
 
     def exact_d2(i: torch.Tensor, j: torch.Tensor) -> np.ndarray:
         """Squared distances of pairs (i[k], j[k]) in float64 on the original vectors."""
         return torch.cat(
-            [(x64[i[s : s + 8192]] - x64[j[s : s + 8192]]).square().sum(1) for s in range(0, len(i), 8192)]
+            [(x[i[s : s + 8192]].double() - x[j[s : s + 8192]].double()).square().sum(1) for s in range(0, len(i), 8192)]
         ).numpy()
 
     thr2 = threshold**2 * (1 + 1e-9)
@@ -97,22 +96,22 @@ def min_pairwise(
     n_below = n_cand = 0
     cutoff = math.inf  # upper bound on the final keep-th smallest d2 (or thr2 if larger)
 
-    buf = torch.empty(block * block)
-    tril = torch.ones(block, block, dtype=torch.bool).tril()
-    starts = range(0, n, block)
-    tiles = [(i0, j0) for i0 in starts for j0 in starts if j0 >= i0]
+    width, tiles = tile_grid(n, block)
+    buf = torch.empty(block * width)
+    lower = torch.zeros(block, block).masked_fill_(torch.ones(block, block, dtype=torch.bool).tril(), math.inf)
     with _fp32_highest():  # no TF32/bf16 shortcuts in the screen
         for i0, j0 in tqdm(tiles, disable=not progress, desc="pairwise", unit="tile"):
-            a, b = A[i0 : i0 + block], B[j0 : j0 + block]
+            a, b = A[i0 : i0 + block], B[j0 : j0 + width]
             t = torch.mm(a, b.T, out=buf[: len(a) * len(b)].view(len(a), len(b)))  # [bi, bj] screen
-            if i0 == j0:
-                t.masked_fill_(tril[: len(a), : len(a)], math.inf)  # keep i < j only
-            n_tile = len(a) * (len(a) - 1) // 2 if i0 == j0 else len(a) * len(b)
-            if len(best[0]) < keep and n_tile >= keep:  # no cutoff yet: the tile's k best give one
-                idx = t.view(-1).topk(keep, largest=False).indices
-                cutoff = max(thr2, exact_d2(idx // len(b) + i0, idx % len(b) + j0).max())
+            if i0 == j0:  # keep i < j only
+                k = min(len(a), len(b))
+                t[:, :k] += lower[: len(a), :k]  # +inf on and below the diagonal
+            rowmin = t.amin(1)  # [bi]
+            if len(best[0]) < keep and (rowmin < math.inf).sum() >= keep:  # no cutoff yet:
+                rows = rowmin.topk(keep, largest=False).indices  # take k pairs from distinct rows
+                cols = t[rows].argmin(1)
+                cutoff = max(thr2, exact_d2(rows + i0, cols + j0).max())
             lim = _f32_above(cutoff * (1 + 1e-9))
-            rowmin = t.amin(1)
             if rowmin.min().item() > lim:
                 continue  # the common case: nothing in this tile can matter
             rows = (rowmin <= lim).nonzero()[:, 0]
@@ -135,10 +134,36 @@ def min_pairwise(
         n=n, d=d, n_pairs=n * (n - 1) // 2,
         min_distance=closest[0][2], min_pair=closest[0][:2], closest=closest,
         below_threshold=n_below, below_pairs=below, threshold=threshold,
-        mean_norm=float(x64.norm(dim=1).mean()),
-        histogram=_histogram(x64, xc32, sq, c, hist_rows, seed),
+        mean_norm=mean_norm,
+        histogram=_histogram(x, A[:, :d], sq, c, hist_rows, seed),
         candidates=n_cand, block=block, seconds=time.perf_counter() - t_start,
     )  # fmt: skip
+
+
+def tile_grid(n: int, block: int) -> tuple[int, list[tuple[int, int]]]:
+    """Tiles covering all pairs i<j: rows [i0, i0+block) x columns [j0, j0+width), j0 >= i0.
+    Only the first tile of each row panel wastes work (its lower triangle). Returns width, tiles."""
+    width = min(4 * block, n)
+    return width, [(i0, j0) for i0 in range(0, n, block) for j0 in range(i0, n, width)]
+
+
+def _centre(x: torch.Tensor, out: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, float]:
+    """out[N, d] = fl32(x - mean(x)), centred in float64. Returns the centred squared norms
+    [N] (float64) and the mean row norm of x. Chunked through one reused float64 buffer."""
+    n = len(x)
+    buf = torch.empty(min(chunk, n), x.shape[1], dtype=torch.float64)
+    mu, norm_sum = torch.zeros(x.shape[1], dtype=torch.float64), 0.0
+    for s in range(0, n, chunk):
+        rows = buf[: len(x[s : s + chunk])].copy_(x[s : s + chunk])
+        mu += rows.sum(0)
+        norm_sum += torch.linalg.vector_norm(rows, dim=1).sum().item()
+    mu /= n
+    sq = torch.empty(n, dtype=torch.float64)
+    for s in range(0, n, chunk):
+        rows = buf[: len(x[s : s + chunk])].copy_(x[s : s + chunk]).sub_(mu)
+        sq[s : s + chunk] = torch.linalg.vector_norm(rows, dim=1).square()
+        out[s : s + chunk] = rows
+    return sq, norm_sum / n
 
 
 @contextmanager
@@ -165,19 +190,19 @@ def _f32_above(v: float) -> float:
     return float(f if f >= v else np.nextafter(f, np.float32(np.inf)))
 
 
-def _histogram(x64: torch.Tensor, xc32: torch.Tensor, sq: torch.Tensor, c: float, rows: int, seed: int) -> dict:
+def _histogram(x: torch.Tensor, xc32: torch.Tensor, sq: torch.Tensor, c: float, rows: int, seed: int) -> dict:
     """Distance counts over all pairs among `rows` rows drawn with `seed`: centred fp32 GEMM,
     with pairs within 1000x its error bound recomputed in float64, so every distance is right to
     well within a bin. counts[0]: < edges[0] (incl. 0); counts[k]: [edges[k-1], edges[k]);
     counts[-1]: >= edges[-1]."""
     n = len(xc32)
     idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: min(rows, n)].sort().values
-    s = sq[idx].float()
-    d2 = s[:, None] + s[None, :] - 2 * xc32[idx] @ xc32[idx].T
-    i, j = torch.triu_indices(len(idx), len(idx), 1)
-    d2 = d2[i, j].double()
-    near = (d2 <= 1e3 * c * 2 * s.max()).nonzero()[:, 0]
-    d2[near] = (x64[idx[i[near]]] - x64[idx[j[near]]]).square().sum(1)
-    counts = torch.bucketize(d2.clamp_min(0).sqrt(), torch.tensor(EDGES, dtype=d2.dtype), right=True)
+    s, xs = sq[idx].float(), xc32[idx]
+    d2 = torch.addmm(s[None, :] + s[:, None], xs, xs.T, alpha=-2)  # [m, m]
+    upper = torch.ones_like(d2, dtype=torch.bool).triu_(1)
+    i, j = ((d2 <= 1e3 * c * 2 * s.max()) & upper).nonzero(as_tuple=True)  # beyond fp32: recheck
+    d2[i, j] = (x[idx[i]].double() - x[idx[j]].double()).square().sum(1).float()
+    d2 = d2[upper]
+    counts = torch.bucketize(d2.clamp_min_(0).sqrt_(), torch.tensor(EDGES), right=True)
     counts = counts.bincount(minlength=len(EDGES) + 1).tolist()
     return {"edges": EDGES, "counts": counts, "rows": len(idx), "pairs": len(d2), "seed": seed}
