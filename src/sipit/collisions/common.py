@@ -166,8 +166,8 @@ def analyse_layer(x: torch.Tensor, groups: torch.Tensor, *, layer: int, threshol
         out.update(min_distance=None, min_relative=None, min_pair=None, closest=[], below_threshold=0,
                    below_pairs=[], searched_pairs=0, screen_candidates=0, seconds=time.perf_counter() - t0)
         return out
-    # hist_rows kept small: the engine's own histogram recomputes its near pairs in one float64
-    # block, which can take GBs when a few states have huge norms; `distribution` replaces it
+    # the engine's absolute-distance histogram is not reported here (hist_rows small):
+    # `distribution` gives the relative distances and quantiles the plots need
     res = min_pairwise(x[reps], threshold=threshold, keep=keep, progress=progress, hist_rows=64)
     rel = (lambda d: d / median_norm) if median_norm > 0 else (lambda d: 0.0)
     pair = lambda i, j, d: dict(i=int(reps[i]), j=int(reps[j]), distance=d, relative=rel(d))  # noqa: E731

@@ -65,15 +65,10 @@ class SampledResult:
 
 
 def sample_prompts(lm: LM, corpus: str, length: int, seed: int) -> list[dict]:
-    """Prompts from sipit.corpora as dicts (index, source, ids, text); corpus errors -> SipitError."""
+    """Prompts from sipit.corpora as dicts (index, source, ids, text)."""
     from .. import corpora
 
-    try:
-        prompts = corpora.sample(corpus, lm.tokenizer, length, seed=seed)
-    except SipitError:
-        raise
-    except (ValueError, RuntimeError, OSError, KeyError) as e:  # bad spec, missing data or file
-        raise SipitError(f"corpus {corpus!r}: {e}") from None
+    prompts = corpora.sample(corpus, lm.tokenizer, length, seed=seed)
     if len(prompts) < 2:
         raise SipitError(f"corpus {corpus!r} gives {len(prompts)} prompt(s): a pairwise test needs at least 2")
     return [dict(index=k, source=p.source, ids=list(p.ids), text=p.text) for k, p in enumerate(prompts)]
