@@ -94,7 +94,7 @@ def cmd_collisions(args):
     from .collisions.sampled import SampledConfig, run
     from .models import load_model
 
-    lm = load_model(args.model)
+    lm = load_model(args.model, precision=args.precision)
     cfg = SampledConfig(corpus=args.corpus, length=args.length, layers=args.layers, seed=args.seed,
                         final_norm=args.final_norm, threshold=args.threshold, keep=args.keep,
                         batch_size=args.batch_size)
@@ -108,7 +108,7 @@ def cmd_exhaustive(args):
     from .collisions.exhaustive import ExhaustiveConfig, run
     from .models import load_model
 
-    lm = load_model(args.model)
+    lm = load_model(args.model, precision=args.precision)
     cfg = ExhaustiveConfig(prefixes=args.prefixes, layers=args.layers, source=args.source, corpus=args.corpus,
                            length=args.length, seed=args.seed, final_norm=args.final_norm,
                            threshold=args.threshold, keep=args.keep, batch_size=args.batch_size,
@@ -138,9 +138,11 @@ def cmd_bench(args, rest):
         importlib.import_module(f"sipit.bench.{name}").main([*rest, "--threads", str(args.threads)])
 
 
-def add_precision(parser):
+def add_model(parser, default="smollm2"):
     from .models import PRECISIONS
 
+    parser.add_argument("--model", default=default,
+                        help="embedded name (smollm2, gemma3-270m), .gguf file, HF id or directory, tiny-gpt2/tiny-llama")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="weights/activations format or weight quantization (default fp32)")
 
@@ -157,10 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_corpora)
 
     s = sub.add_parser("capture", help="capture hidden states of prompts at one layer")
-    s.add_argument("--model", default="smollm2", help="embedded name, .gguf file, HF id or directory, tiny-gpt2/tiny-llama")
+    add_model(s)
     s.add_argument("--layer", type=int, required=True, help="0 = embeddings, i = after block i, negative from the end")
     s.add_argument("--final-norm", action="store_true", help="apply the model's final norm to the state")
-    add_precision(s)
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="one prompt")
     src.add_argument("--file", help="text file, one prompt per line")
@@ -174,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_demo)
 
     def collision_options(s, layers_default, layers_help, batch):
-        s.add_argument("--model", default="smollm2", help="embedded name, .gguf file, HF id or directory, tiny-gpt2/tiny-llama")
+        add_model(s)
         s.add_argument("--layers", default=layers_default, help=layers_help)
         s.add_argument("--length", type=int, default=20, help="tokens per sampled prompt (default 20)")
         s.add_argument("--seed", type=int, default=0, help="prompt sampling seed")

@@ -120,7 +120,8 @@ def run(lm: LM, cfg: ExhaustiveConfig, out_dir: str | Path, progress: bool = Tru
     layers = parse_layers(cfg.layers if cfg.layers is not None else [1, L // 2, L], L)
     if cfg.prefixes < 1 or cfg.batch_size < 1 or cfg.keep < 1 or cfg.threshold < 0:
         raise SipitError("prefixes, batch_size and keep must be >= 1 and threshold >= 0")
-    config = {**asdict(cfg), "layers": layers, "model": lm.name, "tokenizer": lm.tokenizer_fingerprint,
+    config = {**asdict(cfg), "layers": layers, "model": lm.name, "precision": lm.precision,
+              "tokenizer": lm.tokenizer_fingerprint,
               "source": str(Path(cfg.source).resolve()) if cfg.source else None}
     del config["keep_states"]
     open_run_dir(out, "exhaustive", config, dict(n_layers=L, d_model=lm.d_model, vocab_size=lm.vocab_size))

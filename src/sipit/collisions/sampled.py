@@ -87,7 +87,8 @@ def run(lm: LM, cfg: SampledConfig, out_dir: str | Path, progress: bool = True) 
     layers = parse_layers(cfg.layers, lm.n_layers)
     if cfg.length < 1 or cfg.batch_size < 1 or cfg.keep < 1 or cfg.threshold < 0:
         raise SipitError("length, batch_size and keep must be >= 1 and threshold >= 0")
-    config = {**asdict(cfg), "layers": layers, "model": lm.name, "tokenizer": lm.tokenizer_fingerprint}
+    config = {**asdict(cfg), "layers": layers, "model": lm.name, "precision": lm.precision,
+              "tokenizer": lm.tokenizer_fingerprint}
     open_run_dir(out, "collisions", config,
                  dict(n_layers=lm.n_layers, d_model=lm.d_model, vocab_size=lm.vocab_size))
 
