@@ -59,6 +59,44 @@ def cmd_capture(args):
           f"({lm.precision}, final_norm={args.final_norm}) in {time.perf_counter() - t:.2f}s -> {args.output}")
 
 
+def cmd_invert(args):
+    from .invert import InvertConfig, invert
+    from .io import write_json, write_jsonl
+    from .models import load_model
+    from .states import load_states
+
+    st = load_states(args.states)
+    model = args.model or st.model
+    layer = args.layer if args.layer is not None else st.layer
+    if model is None or layer is None:
+        raise SipitError(f"{args.states} does not say which model/layer made it: give --model and --layer")
+    final_norm = st.final_norm if args.final_norm is None else args.final_norm
+    lm = load_model(model, precision=args.precision or st.precision or "fp32")
+    if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
+        print(f"sipit: warning: the states file was made with another tokenizer than {model}'s", file=sys.stderr)
+    config = InvertConfig(policy=args.policy, batch_size=args.batch_size, eps=args.eps)
+    result = invert(lm, st.prompts, layer, config, final_norm=final_norm, progress=not args.quiet, true_ids=st.ids)
+    out = Path(args.output or Path(args.states).with_suffix(".results.jsonl"))
+    summary = dict(states=str(args.states), **result.summary())
+    write_jsonl(out, [p.to_json() for p in result.prompts])
+    summary_path = write_json(out.with_suffix(".summary.json"), summary)
+    for i, p in enumerate(result.prompts):
+        if p.status == "failed":
+            verified = f"; the first {len(p.ids)} token(s) were verified: {p.text!r}" if p.ids else ""
+            print(f"[{i}] FAILED: {p.message}{verified}")
+        else:
+            cls = "" if p.status == "ok" else " (ambiguous: duplicate-token class or near-collision, see results)"
+            print(f"[{i}] recovered{cls}: {p.text!r}")
+        if p.true_ids is not None:
+            print(f"[{i}] original : {lm.decode(p.true_ids)!r}  -> {'exact' if p.exact else 'NOT exact'}")
+    s = summary
+    print(f"{s['ok'] + s['ambiguous']}/{s['prompts']} prompts recovered ({s['failed']} failed) at layer {layer} of "
+          f"{model}, policy {result.policy}, eps={result.eps:.3g}; {s['seconds_per_prompt_median']}s per prompt "
+          f"(+{s['calibration_seconds']}s one-time calibration), {s['vocab_explored_pct']}% of the vocabulary "
+          f"per position -> {out}, {summary_path}")
+    return 1 if s["failed"] else 0
+
+
 def cmd_demo(args):
     from .capture import capture
     from .models import DEFAULT_MODEL, load_model
@@ -148,6 +186,8 @@ def add_model(parser, default="smollm2"):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .models import PRECISIONS
+
     p = argparse.ArgumentParser(prog="sipit", description="Invert language-model hidden states and test injectivity.")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     sub = p.add_subparsers(dest="command", required=True)
@@ -167,6 +207,23 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--file", help="text file, one prompt per line")
     s.add_argument("-o", "--output", required=True, help="output .safetensors file")
     s.set_defaults(fn=cmd_capture)
+
+    s = sub.add_parser("invert", help="recover the exact prompts from a states file")
+    s.add_argument("states", help=".safetensors from `sipit capture` (or .npy/.pt with --model and --layer)")
+    s.add_argument("--model", default=None, help="default: the file's metadata")
+    s.add_argument("--layer", type=int, default=None, help="default: the file's metadata")
+    s.add_argument("--final-norm", default=None, action=argparse.BooleanOptionalAction,
+                   help="states are after the final norm (default: the file's metadata, else no)")
+    s.add_argument("--policy", default="learned", choices=["learned", "gradient", "random", "exhaustive"],
+                   help="candidate ordering (default learned: calibrated once per model and layer, then cached)")
+    s.add_argument("--batch-size", type=int, default=256, help="candidates per forward pass")
+    s.add_argument("--eps", type=float, default=None, help="relative acceptance threshold (default from dtype)")
+    s.add_argument("--precision", default=None, choices=PRECISIONS,
+                   help="model precision (default: the file's metadata, else fp32)")
+    s.add_argument("-o", "--output", default=None, help="results JSONL (default STATES.results.jsonl); "
+                                                       "the summary goes next to it as .summary.json")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=cmd_invert)
 
     s = sub.add_parser("demo", help="capture a sample prompt on the default model and invert it")
     s.add_argument("--model", default=None)
@@ -219,14 +276,14 @@ def main(argv=None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     torch.set_num_threads(args.threads)
     try:
-        args.fn(args, rest) if getattr(args, "passthrough", False) else args.fn(args)
+        code = args.fn(args, rest) if getattr(args, "passthrough", False) else args.fn(args)
     except SipitError as e:
         print(f"sipit: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("sipit: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":
