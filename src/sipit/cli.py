@@ -99,6 +99,7 @@ def cmd_invert(args):
 
 def cmd_demo(args):
     from .capture import capture
+    from .invert import invert
     from .models import DEFAULT_MODEL, load_model
     from .states import load_states, save_states
 
@@ -110,12 +111,19 @@ def cmd_demo(args):
     ids = lm.encode(args.text)
     t = time.perf_counter()
     states = capture(lm, [ids], layer)
+    forward = time.perf_counter() - t
     path = save_states(Path(args.out) / "demo_states.safetensors", states, model=lm.name, layer=layer,
                        final_norm=False, tokenizer=lm.tokenizer_fingerprint, ids=[ids])
-    print(f"captured layer {layer} states of {len(ids)} tokens in {time.perf_counter() - t:.2f}s -> {path}")
-    loaded = load_states(path)
+    print(f"captured layer {layer} states of {len(ids)} tokens in {forward:.2f}s (one forward pass) -> {path}")
+    st = load_states(path)
+    result = invert(lm, st.prompts, layer, progress=True)
+    p = result.prompts[0]
     print(f"original : {args.text!r}")
-    print(f"states   : {list(loaded.prompts[0].shape)} {loaded.prompts[0].dtype}")
+    print(f"recovered: {p.text!r}  [{p.status}; {'exact' if p.ids == ids else 'NOT exact'}]")
+    print(f"inversion: {p.seconds:.2f}s ({p.seconds / forward:.1f}x the capture pass), "
+          f"{sum(q.tried for q in p.positions)} candidates verified for {len(ids)} positions; "
+          f"one-time calibration {result.summary()['calibration_seconds']}s")
+    return 0 if p.ids == ids else 1
 
 
 def _print_layers(series: list[dict]) -> None:
