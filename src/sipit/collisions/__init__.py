@@ -1,0 +1,1 @@
+"""Collision tests: exact pairwise minimum distances between hidden states."""
