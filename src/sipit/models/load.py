@@ -24,9 +24,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..io import SipitError
 
-class ModelError(ValueError):
-    """A model spec that cannot be loaded; the message says why and what to do."""
+
+class ModelError(SipitError):
+    """A model spec that cannot be loaded, or a layer it does not have; the message says why."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -44,6 +46,7 @@ class LM:
     name: str
     model: nn.Module  # the full *ForCausalLM
     tokenizer: object
+    precision: str = "fp32"  # see models/precision.py
     base: nn.Module = field(init=False)  # model.model / model.transformer
     blocks: nn.ModuleList = field(init=False)
     embed: nn.Module = field(init=False)
@@ -163,21 +166,30 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def load_model(spec: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32) -> LM:
-    """Load a model by spec (see module docstring). Raises ModelError with a clear message."""
+def load_model(spec: str = DEFAULT_MODEL, *, precision: str = "fp32") -> LM:
+    """Load a model by spec (see module docstring) at a precision (see models/precision.py).
+
+    Raises ModelError with a clear message.
+    """
     import transformers
 
+    from .precision import PRECISIONS, apply_precision
+
+    if precision not in PRECISIONS:  # fail before a slow load
+        raise ModelError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     if spec in TINY:
-        return _tiny(spec)
-    if spec in EMBEDDED:
-        return _load_gguf(_embedded_gguf(spec), name=spec, dtype=dtype)
-    if spec.endswith(".gguf"):
+        lm = _tiny(spec)
+    elif spec in EMBEDDED:
+        lm = _load_gguf(_embedded_gguf(spec), name=spec)
+    elif spec.endswith(".gguf"):
         if not Path(spec).is_file():
             raise ModelError(f"GGUF file not found: {spec}")
-        return _load_gguf(Path(spec), name=spec, dtype=dtype)
-    return _load_hf(spec, dtype=dtype)
+        lm = _load_gguf(Path(spec), name=spec)
+    else:
+        lm = _load_hf(spec)
+    return lm if precision == "fp32" else apply_precision(lm, precision)
 
 
 def _embedded_gguf(name: str) -> Path:
@@ -198,7 +210,7 @@ def _embedded_gguf(name: str) -> Path:
     return target
 
 
-def _load_gguf(path: Path, *, name: str, dtype: torch.dtype) -> LM:
+def _load_gguf(path: Path, *, name: str) -> LM:
     """Dequantize once to float32 safetensors in the cache dir, then load from there."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -225,12 +237,12 @@ def _load_gguf(path: Path, *, name: str, dtype: torch.dtype) -> LM:
         tok.save_pretrained(tmp)
         shutil.rmtree(cached, ignore_errors=True)
         tmp.rename(cached)
-    model = AutoModelForCausalLM.from_pretrained(str(cached), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(cached), dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(cached))
     return LM(name, model, tok)
 
 
-def _load_hf(spec: str, *, dtype: torch.dtype) -> LM:
+def _load_hf(spec: str) -> LM:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not Path(spec).exists() and (spec.count("/") != 1 or spec.startswith((".", "/"))):
@@ -238,7 +250,7 @@ def _load_hf(spec: str, *, dtype: torch.dtype) -> LM:
         raise ModelError(f"unknown model spec {spec!r}: use one of {known}, a .gguf file, "
                          "a local model directory, or a Hugging Face id like org/name")
     try:
-        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(spec)
     except Exception as e:
         raise ModelError(f"cannot load {spec!r} as a Hugging Face causal LM "

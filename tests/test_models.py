@@ -1,0 +1,135 @@
+"""Model loading and layer taps: parity with one full Hugging Face forward pass.
+
+Tolerance: float32 recomputation along a different path (KV cache, batch of candidates) differs
+from the full forward by rounding only: measured ≤ 6e-7 relative on SmolLM2 and ≤ 1.2e-6 on
+Gemma-3 (hidden norms up to 3.5e4), so 1e-5 relative leaves margin without hiding a real bug
+(a wrong position or missing block changes states by O(1) relative).
+"""
+import importlib.util
+
+import pytest
+import torch
+
+from sipit.models import LayerTap, ModelError, load_model
+
+RTOL = 1e-5
+TEXT = "The quick brown fox jumps over the lazy dog."
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def check_parity(lm, text=TEXT):
+    """extend() on a cached prefix == HF full forward, at first, middle, last layer, pre/post norm."""
+    ids = torch.tensor(lm.encode(text))
+    with torch.no_grad():
+        hf = lm.model(ids[None], output_hidden_states=True).hidden_states
+    L = lm.n_layers
+    for layer in (0, 1, L // 2, L):
+        for final_norm in (False, True):
+            tap = LayerTap(lm, layer, final_norm)
+            # HF's last entry is post-norm; the others are raw residual streams.
+            if layer == L:
+                ref = hf[L][0] if final_norm else None
+            else:
+                ref = lm.norm(hf[layer][0]) if final_norm else hf[layer][0]
+            full = tap.states(ids)
+            if ref is not None:
+                assert rel(full, ref) < RTOL, (layer, final_norm)
+            else:  # raw last layer: HF's post-norm state is its norm
+                assert rel(lm.norm(full), hf[L][0]) < RTOL
+            for t in (1, len(ids) - 1):
+                prefix = tap.prefill(ids[:t])
+                cand = torch.stack([ids[t], (ids[t] + 1) % lm.vocab_size, ids[t]])
+                ext = tap.extend(prefix, cand)
+                assert rel(ext[0], full[t]) < RTOL and rel(ext[2], full[t]) < RTOL, (layer, final_norm, t)
+                # multi-token extension: the rest of the prompt after a prefix
+                rest = tap.extend(prefix, ids[None, t:])[0]
+                assert rel(rest, full[t:]) < RTOL
+
+
+def test_tiny_parity(tiny_lm):
+    check_parity(tiny_lm)
+
+
+@pytest.mark.smollm2
+def test_smollm2_parity(smollm2):
+    assert (smollm2.n_layers, smollm2.d_model, smollm2.vocab_size) == (30, 576, 49152)
+    check_parity(smollm2)
+
+
+@pytest.mark.gemma
+def test_gemma_parity():
+    lm = load_model("gemma3-270m")
+    assert (lm.n_layers, lm.d_model, lm.vocab_size) == (18, 640, 262144)
+    assert lm.encode("hi")[0] == lm.tokenizer.bos_token_id  # BOS gets a state like any token
+    check_parity(lm, "Paris is the capital of France.")
+
+
+def test_tiny_models_are_deterministic_and_round_trip_text(tiny_lm):
+    again = load_model(tiny_lm.name)
+    for a, b in zip(tiny_lm.model.parameters(), again.model.parameters()):
+        assert torch.equal(a, b)
+    text = "naïve café — 日本語 ok"
+    assert tiny_lm.decode(tiny_lm.encode(text)) == text
+
+
+def test_blocks_above_layer_never_run(tiny_lm):
+    ran = []
+    hooks = [b.register_forward_hook(lambda m, a, o, i=i: ran.append(i)) for i, b in enumerate(tiny_lm.blocks)]
+    try:
+        tap = LayerTap(tiny_lm, 2)
+        tap.extend(tap.prefill(torch.tensor([1, 2, 3])), torch.tensor([4, 5]))
+    finally:
+        for h in hooks:
+            h.remove()
+    assert ran and max(ran) == 1  # layer 2 = output of the 2nd block (index 1)
+
+
+def test_extend_embeds_has_gradients(tiny_lm):
+    tap = LayerTap(tiny_lm, 2)
+    prefix = tap.prefill(torch.tensor([1, 2, 3]))
+    e = tiny_lm.embed(torch.tensor([7])).clone().requires_grad_(True)
+    tap.extend_embeds(prefix, e).pow(2).sum().backward()
+    assert e.grad is not None and e.grad.abs().sum() > 0
+    assert torch.allclose(tap.extend_embeds(prefix, e.detach()), tap.extend(prefix, torch.tensor([7])), rtol=1e-5, atol=1e-6)
+
+
+def test_prefix_crop_matches_fresh_prefill(tiny_lm):
+    tap = LayerTap(tiny_lm, -1)
+    ids = torch.tensor(tiny_lm.encode("abcdefgh"))
+    long = tap.prefill(ids)
+    cand = torch.tensor([10, 20])
+    assert torch.allclose(tap.extend(long.crop(3), cand), tap.extend(tap.prefill(ids[:3]), cand), atol=1e-6)
+
+
+@pytest.mark.parametrize("layer", [5, -6, 100])
+def test_layer_out_of_range(tiny_lm, layer):
+    with pytest.raises(ModelError, match="out of range"):
+        LayerTap(tiny_lm, layer)
+
+
+@pytest.mark.parametrize("spec,msg", [("nonsense", "unknown model spec"), ("missing.gguf", "GGUF file not found"),
+                                      ("./no/such/dir", "unknown model spec")])
+def test_bad_model_spec(spec, msg):
+    with pytest.raises(ModelError, match=msg):
+        load_model(spec)
+
+
+def test_missing_gguf_package_is_named(tmp_path, monkeypatch):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    monkeypatch.setenv("SIPIT_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ModelError, match="needs the `gguf` package"):
+        load_model(str(f))
+
+
+def test_corrupt_gguf(tmp_path, monkeypatch):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"not a gguf file")
+    monkeypatch.setenv("SIPIT_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ModelError, match="cannot read GGUF"):
+        load_model(str(f))
