@@ -133,7 +133,7 @@ def test_quantized_states_collide_and_stay_collided(tmp_path):
 
 @pytest.mark.parametrize("model", [LabModel(vocab=V, context=3), LabModel(vocab=V, context=3, arch="llama", bos=True)])
 def test_sipit_recovers_every_prompt_within_t_times_v_steps(model, tmp_path):
-    r = run_guarantee(GuaranteeConfig(model=model), tmp_path)
+    r = run_guarantee(GuaranteeConfig(model=model, inverter="lab"), tmp_path)
     assert r.holds and r.bound == 3 * (V + model.bos)
     for x in r.layers:
         assert x.recovered == x.accepted == x.n_prompts == 4 + 16 + 64
@@ -142,9 +142,16 @@ def test_sipit_recovers_every_prompt_within_t_times_v_steps(model, tmp_path):
     assert (tmp_path / "guarantee.png").exists() and "Theorem 3.1" in (tmp_path / "report.md").read_text()
 
 
+def test_sipit_engine_meets_the_guarantee():
+    pytest.importorskip("sipit.invert")
+    r = run_guarantee(GuaranteeConfig(model=LabModel(vocab=V, context=3, arch="llama", bos=True), layers=[2],
+                                      inverter="engine"))
+    assert r.inverter.startswith("sipit.invert") and r.holds and r.layers[0].recovered == 84
+
+
 def test_guarantee_check_catches_a_wrong_inverter():
     def always_zero(lm, layer, states, prefix):
-        B, T, _ = states.shape
+        B, T = len(states), states.shape[1] - len(prefix)
         return Inverted(torch.zeros(B, T, dtype=torch.long), torch.full((B,), T), torch.ones(B, dtype=torch.bool))
 
     r = run_guarantee(GuaranteeConfig(model=LabModel(vocab=V, context=2), layers=[1]), invert_fn=always_zero)

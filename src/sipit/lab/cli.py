@@ -101,14 +101,14 @@ def cmd_counterexamples(args):
 
 def cmd_guarantee(args):
     cfg = GuaranteeConfig(model=_model(args, GuaranteeConfig().model), layers=args.layers, eps=args.eps,
-                          max_prompts=args.max_prompts)
+                          inverter=args.inverter, max_prompts=args.max_prompts)
     print(f"lab guarantee: {cfg.model.describe()}")
     r = run_guarantee(cfg, args.out)
     for x in r.layers:
         print(f"  layer {x.layer}: recovered {x.recovered:,}/{x.n_prompts:,}, max steps {x.max_steps} "
               f"(bound K·|V| = {r.bound}; max steps/(T·|V|) = {x.max_steps_ratio:.3f}), mean {x.mean_steps:.2f}, "
               f"closest rejected candidate {x.min_wrong_relative:.2e} of ‖h‖; {x.seconds:.1f}s")
-    print(f"guarantee {'holds' if r.holds else 'FAILS'}; {r.seconds:.1f}s -> {args.out}/report.md")
+    print(f"inverter {r.inverter}: guarantee {'holds' if r.holds else 'FAILS'}; {r.seconds:.1f}s -> {args.out}/report.md")
 
 
 def add_lab_parser(subparsers) -> argparse.ArgumentParser:
@@ -144,5 +144,8 @@ def add_lab_parser(subparsers) -> argparse.ArgumentParser:
     _model_args(s, GuaranteeConfig().model)
     _common(s, "runs/lab-guarantee", tol=False)
     s.add_argument("--eps", type=float, default=1e-5, help="acceptance radius relative to ‖h_t‖ (default 1e-5)")
+    s.add_argument("--inverter", choices=["auto", "engine", "lab"], default="auto",
+                   help="engine = sipit.invert (exhaustive policy), lab = the lab's batched exhaustive SipIt; "
+                        "auto (default): the engine when present")
     s.set_defaults(fn=cmd_guarantee)
     return lab

@@ -13,7 +13,7 @@ from sipit.models.load import LM
 from sipit.models.tap import run_layers
 
 from .exhaustive import default_layers
-from .models import LabModel, PromptSet, build, check_size, with_bos
+from .models import LabError, LabModel, PromptSet, build, check_size, with_bos
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Inverted:
     min_wrong: float = float("inf")  # smallest relative distance of a rejected candidate seen
 
 
-# (lm, layer, states [B, T, d] of the prompts after `prefix`, prefix ids) -> Inverted
+# (lm, layer, states [B, P+T, d] of prefix + prompts, prefix ids [P]) -> Inverted for the T prompt positions
 InvertFn = Callable[[LM, int, Tensor, list[int]], Inverted]
 
 
@@ -34,9 +34,11 @@ InvertFn = Callable[[LM, int, Tensor, list[int]], Inverted]
 def exhaustive_sipit(lm: LM, layer: int, states: Tensor, prefix: list[int] = (), *, eps: float = 1e-5,
                      batch: int = 32_768) -> Inverted:
     """SipIt with the exhaustive policy, many prompts at once: at position t, try tokens 0, 1, ...
-    after the recovered prefix and accept the first whose state at t is within eps·‖h_t‖ of the
-    observed h_t. The step count is what the sequential algorithm would do (first accepted index
-    + 1, or |V| if none is accepted; then the nearest candidate is kept)."""
+    after the known `prefix` and the recovered tokens, and accept the first whose state at t is
+    within eps·‖h_t‖ of the observed h_t. The step count is what the sequential algorithm would do
+    (first accepted index + 1, or |V| if none is accepted; then the nearest candidate is kept).
+    states: [B, P+T, d] (the P prefix positions are known and skipped)."""
+    states = states[:, len(prefix):]
     B, T, _ = states.shape
     V = lm.vocab_size  # every embedding row is a candidate (a BOS row too)
     head = torch.tensor(list(prefix), dtype=torch.long)[None]  # [1, P]
@@ -61,11 +63,37 @@ def exhaustive_sipit(lm: LM, layer: int, states: Tensor, prefix: list[int] = (),
     return Inverted(ids, steps, accepted, min_wrong)
 
 
+def engine(policy: str = "exhaustive", eps: float | None = None) -> InvertFn:
+    """The project's SipIt engine (`sipit.invert.invert`) as an InvertFn, prompt by prompt. It
+    recovers the prefix too (a BOS is a vocabulary token like any other); the prefix must come
+    back unchanged, and the steps counted are the candidates it evaluated at the prompt positions."""
+    from sipit.invert import InvertConfig, invert
+
+    def fn(lm: LM, layer: int, states: Tensor, prefix: list[int]) -> Inverted:
+        P, (B, n, _) = len(prefix), states.shape
+        res = invert(lm, states, layer, InvertConfig(policy=policy, eps=eps), progress=False)
+        ids = torch.full((B, n - P), -1, dtype=torch.long)
+        steps = torch.zeros(B, dtype=torch.long)
+        accepted = torch.zeros(B, dtype=torch.bool)
+        min_wrong = float("inf")
+        for b, p in enumerate(res.prompts):
+            got = p.ids + [-1] * (n - len(p.ids))
+            ids[b] = torch.tensor(got[P:])
+            steps[b] = sum(q.tried for q in p.positions[P:])
+            accepted[b] = p.status == "ok" and got[:P] == list(prefix)
+            min_wrong = min([min_wrong] + [q.margin for q in p.positions[P:] if q.margin is not None])
+        return Inverted(ids, steps, accepted, min_wrong)
+
+    fn.__name__ = f"sipit.invert.invert(policy={policy!r})"
+    return fn
+
+
 @dataclass
 class GuaranteeConfig:
     model: LabModel = field(default_factory=lambda: LabModel(vocab=8, context=4))
     layers: list[int] | None = None  # default: every block output
     eps: float = 1e-5  # acceptance radius relative to ‖h_t‖
+    inverter: str = "auto"  # engine (sipit.invert, exhaustive policy) | lab (exhaustive_sipit) | auto: engine if present
     max_prompts: int = 300_000
 
 
@@ -116,7 +144,7 @@ def check_layer(lm: LM, prompts: PromptSet, layer: int, invert_fn: InvertFn, bos
         for s in range(0, len(true), 4096):
             ids = true[s : s + 4096]
             with torch.no_grad():
-                states = run_layers(lm, [layer], ids=with_bos(ids, bos))[0][:, len(prefix):]  # [B, T, d]
+                states = run_layers(lm, [layer], ids=with_bos(ids, bos))[0]  # [B, P+T, d]
             out = invert_fn(lm, layer, states, prefix)
             good = (out.ids == ids).all(1)
             row["recovered"] += int(good.sum())
@@ -133,17 +161,33 @@ def check_layer(lm: LM, prompts: PromptSet, layer: int, invert_fn: InvertFn, bos
         min_wrong, failures, by_length, time.perf_counter() - t0)
 
 
+def choose_inverter(cfg: GuaranteeConfig) -> tuple[str, InvertFn]:
+    if cfg.inverter not in ("auto", "engine", "lab"):
+        raise LabError(f"inverter {cfg.inverter!r}: use engine, lab or auto")
+    if cfg.inverter != "lab":
+        try:
+            fn = engine("exhaustive", cfg.eps)
+            return fn.__name__, fn
+        except ImportError:
+            if cfg.inverter == "engine":
+                raise LabError("the SipIt engine (sipit.invert) is not installed in this tree; use --inverter lab")
+
+    def fn(lm, layer, states, prefix):
+        return exhaustive_sipit(lm, layer, states, prefix, eps=cfg.eps)
+
+    return "sipit.lab.guarantee.exhaustive_sipit", fn
+
+
 def run_guarantee(cfg: GuaranteeConfig, out_dir=None, invert_fn: InvertFn | None = None) -> GuaranteeResult:
     """Invert all prompts of length 1..K at each layer; write results to out_dir.
 
-    invert_fn: any inverter with the InvertFn signature; default: `exhaustive_sipit` with cfg.eps."""
+    invert_fn: any inverter with the InvertFn signature; default: chosen by cfg.inverter."""
     t0 = time.perf_counter()
     layers = default_layers(cfg.model, cfg.layers)
     prompts = PromptSet(cfg.model.vocab, cfg.model.context)
     check_size(prompts, cfg.model.width, 1, cfg.max_prompts)
     lm = build(cfg.model)
-    fn = invert_fn or (lambda lm, layer, states, prefix: exhaustive_sipit(lm, layer, states, prefix, eps=cfg.eps))
-    name = getattr(invert_fn, "__name__", repr(invert_fn)) if invert_fn else "sipit.lab.guarantee.exhaustive_sipit"
+    name, fn = choose_inverter(cfg) if invert_fn is None else (getattr(invert_fn, "__name__", repr(invert_fn)), invert_fn)
     per_layer = [check_layer(lm, prompts, layer, fn, cfg.model.bos_id) for layer in layers]
     result = GuaranteeResult(asdict(cfg), name, len(prompts), lm.vocab_size, prompts.max_len,
                              prompts.max_len * lm.vocab_size, per_layer, time.perf_counter() - t0)
