@@ -31,7 +31,8 @@ class LabModel:
 
     arch: str = "gpt2"  # gpt2 (LayerNorm) | llama (RMSNorm)
     vocab: int = 8
-    context: int = 5  # longest prompt K: the model's number of positions
+    context: int = 5  # longest prompt K
+    positions: int = 8  # the model's positions (>= K, +1 with BOS); fixed, so models for K=4, 5, 6 are one model
     width: int = 32
     depth: int = 2
     heads: int = 2
@@ -55,6 +56,9 @@ class LabModel:
             raise LabError(f"vocab {self.vocab}: the lab needs 2..256 tokens (4..16 is the useful range)")
         if self.context < 1 or self.depth < 1 or self.heads < 1:
             raise LabError(f"context, depth and heads must be >= 1, got {self.context}, {self.depth}, {self.heads}")
+        if self.positions < self.context + self.bos:
+            raise LabError(f"positions {self.positions} < context {self.context}{' + BOS' if self.bos else ''}: "
+                           f"raise --positions to at least {self.context + self.bos}")
         if self.precision not in PRECISIONS:
             raise LabError(f"precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
         if self.width % self.heads or (self.arch == "llama" and (self.width // self.heads) % 2):
@@ -77,7 +81,7 @@ class LabModel:
 def build(cfg: LabModel) -> LM:
     """The configured model as an `LM` (random weights from `cfg.seed`, plus `cfg.noise`)."""
     cfg.check()
-    vocab, positions = cfg.vocab + cfg.bos, cfg.context + cfg.bos
+    vocab, positions = cfg.vocab + cfg.bos, cfg.positions
     if cfg.arch == "gpt2":
         lm = _tiny("tiny-gpt2", cfg.seed, vocab_size=vocab, n_positions=positions, n_embd=cfg.width,
                    n_layer=cfg.depth, n_head=cfg.heads, activation_function=cfg.activation,

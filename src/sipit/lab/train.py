@@ -14,7 +14,7 @@ from .exhaustive import default_layers, layer_collisions
 from .models import LabError, LabModel, PromptSet, build, check_size, last_token_states, with_bos
 
 OPTIMIZERS = {"gd": "full-batch gradient descent", "sgd": "minibatch SGD", "adam": "minibatch Adam"}
-DEFAULT_LR = {"gd": 0.3, "sgd": 0.3, "adam": 3e-3}
+DEFAULT_LR = {"gd": 0.1, "sgd": 0.1, "adam": 3e-3}
 
 
 @dataclass
