@@ -270,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("dir")
     s.set_defaults(fn=cmd_report)
 
+    from .lab.cli import add_lab_parser
+
+    add_lab_parser(sub)
+
     s = sub.add_parser("bench", help=f"run a benchmark and print JSON: {', '.join(BENCHMARKS)} or all; "
                                       "extra arguments go to the benchmark")
     s.add_argument("name", choices=[*BENCHMARKS, "all"])
