@@ -11,7 +11,7 @@ import torch
 
 from .io import SipitError
 
-BENCHMARKS = ("tap", "pairwise", "invert")
+BENCHMARKS = ("tap", "pairwise", "invert", "exhaustive")
 DEMO_TEXT = "The quick brown fox jumps over the lazy dog while the old farmer watches from the porch."
 
 
@@ -118,15 +118,69 @@ def cmd_demo(args):
     print(f"states   : {list(loaded.prompts[0].shape)} {loaded.prompts[0].dtype}")
 
 
+def _print_layers(series: list[dict]) -> None:
+    for s in series:
+        print(f"{s['label']}: {s['n']:,} states, {s['n_pairs']:,} pairs per layer")
+        print("  layer   min distance   relative   pairs<=thr  structural")
+        for r in s["layers"]:
+            d, rel = r["min_distance"], r["min_relative"]
+            print(f"  {r['layer']:5d}   {'—' if d is None else f'{d:12.5g}'}   {'—' if rel is None else f'{rel:8.2e}'}"
+                  f"   {r['below_threshold']:10d}  {r['structural']['pairs']:10d}")
+
+
+def cmd_collisions(args):
+    from .collisions.sampled import SampledConfig, run
+    from .models import load_model
+
+    lm = load_model(args.model, precision=args.precision)
+    cfg = SampledConfig(corpus=args.corpus, length=args.length, layers=args.layers, seed=args.seed,
+                        final_norm=args.final_norm, threshold=args.threshold, keep=args.keep,
+                        batch_size=args.batch_size)
+    res = run(lm, cfg, args.output, progress=not args.quiet)
+    _print_layers(res.to_dict()["series"])
+    print(f"states {res.seconds['states']:.1f}s, pairwise {res.seconds['pairwise']:.1f}s, "
+          f"this run {res.seconds['this_run']:.1f}s (load {res.load['start']}) -> {args.output}")
+
+
+def cmd_exhaustive(args):
+    from .collisions.exhaustive import ExhaustiveConfig, run
+    from .models import load_model
+
+    lm = load_model(args.model, precision=args.precision)
+    cfg = ExhaustiveConfig(prefixes=args.prefixes, layers=args.layers, source=args.source, corpus=args.corpus,
+                           length=args.length, seed=args.seed, final_norm=args.final_norm,
+                           threshold=args.threshold, keep=args.keep, batch_size=args.batch_size,
+                           keep_states=args.keep_states)
+    res = run(lm, cfg, args.output, progress=not args.quiet)
+    _print_layers(res.to_dict()["series"])
+    for k, layers in enumerate(res.layers):
+        st = layers[0]["structural"]
+        if st["pairs"]:
+            groups = "; ".join(" = ".join(f"{t['id']}:{t['text']!r}" for t in g) for g in st["tokens"])
+            print(f"prefix {k}: {st['pairs']} structural pairs (identical embedding rows): {groups}")
+    print(f"states {res.seconds['states']:.1f}s, pairwise {res.seconds['pairwise']:.1f}s, "
+          f"this run {res.seconds['this_run']:.1f}s (load {res.load['start']}) -> {args.output}")
+
+
+def cmd_report(args):
+    from .report import report
+
+    rep = report(args.dir)
+    print(rep.table, end="")
+    print("wrote " + ", ".join(str(p) for p in rep.files))
+
+
 def cmd_bench(args, rest):
     names = BENCHMARKS if args.name == "all" else [args.name]
     for name in names:
         importlib.import_module(f"sipit.bench.{name}").main([*rest, "--threads", str(args.threads)])
 
 
-def add_precision(parser):
+def add_model(parser, default="smollm2"):
     from .models import PRECISIONS
 
+    parser.add_argument("--model", default=default,
+                        help="embedded name (smollm2, gemma3-270m), .gguf file, HF id or directory, tiny-gpt2/tiny-llama")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="weights/activations format or weight quantization (default fp32)")
 
@@ -145,10 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_corpora)
 
     s = sub.add_parser("capture", help="capture hidden states of prompts at one layer")
-    s.add_argument("--model", default="smollm2", help="embedded name, .gguf file, HF id or directory, tiny-gpt2/tiny-llama")
+    add_model(s)
     s.add_argument("--layer", type=int, required=True, help="0 = embeddings, i = after block i, negative from the end")
     s.add_argument("--final-norm", action="store_true", help="apply the model's final norm to the state")
-    add_precision(s)
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="one prompt")
     src.add_argument("--file", help="text file, one prompt per line")
@@ -177,6 +230,37 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--text", default=DEMO_TEXT)
     s.add_argument("--out", default="out", help="directory for the demo's files (default ./out)")
     s.set_defaults(fn=cmd_demo)
+
+    def collision_options(s, layers_default, layers_help, batch):
+        add_model(s)
+        s.add_argument("--layers", default=layers_default, help=layers_help)
+        s.add_argument("--length", type=int, default=20, help="tokens per sampled prompt (default 20)")
+        s.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
+        s.add_argument("--final-norm", action="store_true", help="states after the model's final norm")
+        s.add_argument("--threshold", type=float, default=1e-6, help="collision threshold on the L2 distance (default 1e-6)")
+        s.add_argument("--keep", type=int, default=20, help="closest pairs reported per layer (default 20)")
+        s.add_argument("--batch-size", type=int, default=batch, help=f"states per forward pass (default {batch})")
+        s.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+        s.add_argument("-o", "--output", required=True, help="run directory (rerun with the same options to resume)")
+
+    s = sub.add_parser("collisions", help="minimum pairwise distance of last-token states of sampled prompts, per layer")
+    collision_options(s, "all", "'all' (default) or a list like 1,15,-1", 64)
+    s.add_argument("--corpus", default="prose:2000,code:2000,random:1000",
+                   help="corpus spec NAME:N,... (names from sipit.corpora or .txt/.jsonl files)")
+    s.set_defaults(fn=cmd_collisions)
+
+    s = sub.add_parser("exhaustive", help="append every vocabulary token to the closest prefixes and compare all pairs")
+    collision_options(s, None, "'all' or a list like 1,15,-1 (default: 1, L/2, L)", 512)
+    s.add_argument("--prefixes", type=int, default=1, help="K: prefixes to test (default 1)")
+    s.add_argument("--from", dest="source", default=None, help="a `sipit collisions` run dir to take the prefixes from")
+    s.add_argument("--corpus", default="prose:200,code:200,random:100",
+                   help="without --from: prompts sampled to choose the prefixes (default prose:200,code:200,random:100)")
+    s.add_argument("--keep-states", action="store_true", help="keep the V x d state chunks after the analysis")
+    s.set_defaults(fn=cmd_exhaustive)
+
+    s = sub.add_parser("report", help="tables (table.md) and PNG plots of a collisions or exhaustive run dir")
+    s.add_argument("dir")
+    s.set_defaults(fn=cmd_report)
 
     s = sub.add_parser("bench", help=f"run a benchmark and print JSON: {', '.join(BENCHMARKS)} or all; "
                                       "extra arguments go to the benchmark")
