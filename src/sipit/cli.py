@@ -245,6 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=cmd_invert)
 
+    s = sub.add_parser("reproduce", help="the paper's inversion tables at our scale, next to the paper's numbers")
+    s.add_argument("--quick", action="store_true", help="a few prompts and short caps (about 5 minutes)")
+    s.add_argument("--model", default=None, help="model of the inversion and sweep tables (default smollm2)")
+    s.add_argument("-o", "--output", required=True, help="directory for tables.md and results.json")
+    s.set_defaults(fn=lambda args: __import__("sipit.reproduce", fromlist=["main"]).main(args))
+
     s = sub.add_parser("demo", help="capture a sample prompt on the default model and invert it")
     s.add_argument("--model", default=None)
     s.add_argument("--text", default=DEMO_TEXT)

@@ -133,7 +133,9 @@ class HardPrompts:
                               via="hardprompts") for v, dv, k in zip(best_ids.tolist(), d.tolist(), tried)]
         bad = int((d > self.eps).sum())
         status = "ok" if bad == 0 else "failed"
-        message = "" if bad == 0 else (f"{bad}/{T} positions of the best projected sequence are not within "
+        capped = n < steps and best_loss > 0.0
+        message = "" if bad == 0 else (("time cap reached; " if capped else "")
+                                       + f"{bad}/{T} positions of the best projected sequence are not within "
                                        f"eps={self.eps:g} after {n} steps (best loss {best_loss:.4g})")
         ids = best_ids.tolist()
         r = PromptResult(ids=ids, text=self.lm.decode(ids), status=status, positions=positions,
