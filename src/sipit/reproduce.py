@@ -186,8 +186,13 @@ def sweep_table(cfg: ReproduceConfig, lm, mid: int, log) -> tuple[list[dict], st
     L = lm.n_layers
     cells = [(layer, cfg.length) for layer in dict.fromkeys((1, mid, L))]
     cells += [(mid, n) for n in cfg.sweep_lengths if n != cfg.length]
-    rows = []
+    rows, skipped = [], []
     for layer, length in cells:
+        if cfg.quick and cfg.policy == "learned" and not _calibrated(lm, layer):
+            skipped.append(f"Layer {layer} ({length} tokens): skipped in --quick because its calibration is not "
+                           "cached (one-time, minutes on 2 cores); the full `sipit reproduce` fits and caches it.")
+            log(f"  {skipped[-1]}")
+            continue
         for kind, spec in (("natural", f"prose:{cfg.sweep_prompts}"), ("random", None)):
             prompts = _prompts(lm, spec or "", 0 if spec else cfg.sweep_prompts, length, cfg.seed + 1)
             ids = [p for _, p in prompts]
@@ -206,6 +211,7 @@ def sweep_table(cfg: ReproduceConfig, lm, mid: int, log) -> tuple[list[dict], st
                   f"{r['token_accuracy']:.2f} | {r['exact_match']:.2f} | {r['vocab_explored_pct']:.4f} | "
                   f"{r['forward_equivalents_per_prompt']:.1f} | {r['calibration_seconds']:.1f} |")
     md.append("\nCalibration (one-time per model and layer, cached) is not included in seconds per prompt.")
+    md += ["", *skipped]
     return rows, "\n".join(md) + "\n"
 
 
