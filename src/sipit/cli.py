@@ -74,8 +74,22 @@ def cmd_invert(args):
     lm = load_model(model, precision=args.precision or st.precision or "fp32")
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: the states file was made with another tokenizer than {model}'s", file=sys.stderr)
-    config = InvertConfig(policy=args.policy, batch_size=args.batch_size, eps=args.eps)
-    result = invert(lm, st.prompts, layer, config, final_norm=final_norm, progress=not args.quiet, true_ids=st.ids)
+    if args.policy in ("bruteforce", "hardprompts"):  # the paper's baselines (invert/baselines.py)
+        from .invert.baselines import HardPromptsConfig, run_method
+
+        if args.policy == "hardprompts" and not args.quiet:
+            import logging
+
+            logging.basicConfig(level=logging.INFO, format="%(message)s")
+        config = HardPromptsConfig(steps=args.steps, eps=args.eps) if args.policy == "hardprompts" else \
+            InvertConfig(eps=args.eps)
+        result = run_method(args.policy, lm, st.prompts, layer, final_norm=final_norm, max_seconds=args.max_seconds,
+                            config=config, progress=not args.quiet, true_ids=st.ids)
+    else:
+        config = InvertConfig(policy=args.policy, batch_size=args.batch_size, eps=args.eps,
+                              max_seconds=args.max_seconds)
+        result = invert(lm, st.prompts, layer, config, final_norm=final_norm, progress=not args.quiet,
+                        true_ids=st.ids)
     out = Path(args.output or Path(args.states).with_suffix(".results.jsonl"))
     summary = dict(states=str(args.states), **result.summary())
     write_jsonl(out, [p.to_json() for p in result.prompts])
@@ -222,9 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--layer", type=int, default=None, help="default: the file's metadata")
     s.add_argument("--final-norm", default=None, action=argparse.BooleanOptionalAction,
                    help="states are after the final norm (default: the file's metadata, else no)")
-    s.add_argument("--policy", default="learned", choices=["learned", "gradient", "random", "exhaustive"],
-                   help="candidate ordering (default learned: calibrated once per model and layer, then cached)")
+    s.add_argument("--policy", default="learned",
+                   choices=["learned", "gradient", "random", "exhaustive", "bruteforce", "hardprompts"],
+                   help="candidate ordering (default learned: calibrated once per model and layer, then cached); "
+                        "bruteforce and hardprompts are the paper's baselines")
     s.add_argument("--batch-size", type=int, default=256, help="candidates per forward pass")
+    s.add_argument("--max-seconds", type=float, default=None,
+                   help="wall-clock cap per prompt (a capped prompt is reported failed with what it finished)")
+    s.add_argument("--steps", type=int, default=None,
+                   help="hardprompts: optimisation steps per prompt (default: the paper's T*|V|/4, see --max-seconds)")
     s.add_argument("--eps", type=float, default=None, help="relative acceptance threshold (default from dtype)")
     s.add_argument("--precision", default=None, choices=PRECISIONS,
                    help="model precision (default: the file's metadata, else fp32)")
@@ -232,6 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "the summary goes next to it as .summary.json")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=cmd_invert)
+
+    s = sub.add_parser("reproduce", help="the paper's inversion tables at our scale, next to the paper's numbers")
+    s.add_argument("--quick", action="store_true", help="a few prompts and short caps (about 5 minutes)")
+    s.add_argument("--model", default=None, help="model of the inversion and sweep tables (default smollm2)")
+    s.add_argument("-o", "--output", required=True, help="directory for tables.md and results.json")
+    s.set_defaults(fn=lambda args: __import__("sipit.reproduce", fromlist=["main"]).main(args))
 
     s = sub.add_parser("demo", help="capture a sample prompt on the default model and invert it")
     s.add_argument("--model", default=None)
