@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import importlib
 import sys
 import time
@@ -121,7 +122,7 @@ def cmd_robustness(args):
     out.mkdir(parents=True, exist_ok=True)
     d = res.to_dict()
     d["summary"].update(precision=lm.precision, corpus=args.corpus, length=args.length,
-                        threads=torch.get_num_threads(), load=list(__import__("os").getloadavg()))
+                        threads=torch.get_num_threads(), load=list(os.getloadavg()))
     write_json(out / "results.json", d)
     plot(res, out / "recovery_vs_noise.png")
     s = d["summary"]
