@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 import importlib
+import os
 import sys
 import time
 from pathlib import Path
