@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -74,6 +75,15 @@ def cmd_invert(args):
     lm = load_model(model, precision=args.precision or st.precision or "fp32")
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: the states file was made with another tokenizer than {model}'s", file=sys.stderr)
+    prompts, eps = st.prompts, args.eps
+    if args.noise:  # relative noise of norm sigma*||h_t|| per position; eps must then exceed sigma
+        from .invert.robust import add_noise
+        from .invert.verify import tolerance
+
+        gen = torch.Generator().manual_seed(args.seed)
+        prompts = [add_noise(s, args.noise, gen) for s in prompts]
+        eps = eps if eps is not None else args.noise * 1.01 + tolerance(prompts[0].dtype)
+        print(f"added relative noise sigma={args.noise:g} (seed {args.seed}); eps={eps:.3g}", file=sys.stderr)
     if args.policy in ("bruteforce", "hardprompts"):  # the paper's baselines (invert/baselines.py)
         from .invert.baselines import HardPromptsConfig, run_method
 
@@ -81,17 +91,17 @@ def cmd_invert(args):
             import logging
 
             logging.basicConfig(level=logging.INFO, format="%(message)s")
-        config = HardPromptsConfig(steps=args.steps, eps=args.eps) if args.policy == "hardprompts" else \
-            InvertConfig(eps=args.eps)
-        result = run_method(args.policy, lm, st.prompts, layer, final_norm=final_norm, max_seconds=args.max_seconds,
+        config = HardPromptsConfig(steps=args.steps, eps=eps) if args.policy == "hardprompts" else \
+            InvertConfig(eps=eps)
+        result = run_method(args.policy, lm, prompts, layer, final_norm=final_norm, max_seconds=args.max_seconds,
                             config=config, progress=not args.quiet, true_ids=st.ids)
     else:
-        config = InvertConfig(policy=args.policy, batch_size=args.batch_size, eps=args.eps,
+        config = InvertConfig(policy=args.policy, batch_size=args.batch_size, eps=eps,
                               max_seconds=args.max_seconds)
-        result = invert(lm, st.prompts, layer, config, final_norm=final_norm, progress=not args.quiet,
+        result = invert(lm, prompts, layer, config, final_norm=final_norm, progress=not args.quiet,
                         true_ids=st.ids)
     out = Path(args.output or Path(args.states).with_suffix(".results.jsonl"))
-    summary = dict(states=str(args.states), **result.summary())
+    summary = dict(states=str(args.states), noise=args.noise, **result.summary())
     write_jsonl(out, [p.to_json() for p in result.prompts])
     summary_path = write_json(out.with_suffix(".summary.json"), summary)
     for i, p in enumerate(result.prompts):
@@ -109,6 +119,34 @@ def cmd_invert(args):
           f"(+{s['calibration_seconds']}s one-time calibration), {s['vocab_explored_pct']}% of the vocabulary "
           f"per position -> {out}, {summary_path}")
     return 1 if s["failed"] else 0
+
+
+def cmd_robustness(args):
+    from .corpora import sample
+    from .invert.robust import RobustConfig, plot, run
+    from .io import write_json
+    from .models import load_model
+
+    lm = load_model(args.model, precision=args.precision)
+    ids = [p.ids for p in sample(args.corpus, lm.tokenizer, args.length, seed=args.seed)]
+    cfg = RobustConfig(sigmas=tuple(float(x) for x in args.sigmas.split(",")), trials=args.trials,
+                       candidates=args.candidates, batch_size=args.batch_size, seed=args.seed)
+    res = run(lm, ids, args.layer, cfg, final_norm=args.final_norm, progress=not args.quiet)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    d = res.to_dict()
+    d["summary"].update(precision=lm.precision, corpus=args.corpus, length=args.length,
+                        threads=torch.get_num_threads(), load=list(os.getloadavg()))
+    write_json(out / "results.json", d)
+    plot(res, out / "recovery_vs_noise.png")
+    s = d["summary"]
+    kind = "certified" if res.exhaustive else "UPPER BOUND (candidate subset)"
+    print(f"{s['prompts']} prompts, layer {res.layer} of {lm.name} ({lm.precision}); {kind} relative radius "
+          f"min {s['radius_rel_min']:.4g} median {s['radius_rel_median']:.4g}, absolute min {s['radius_abs_min']:.4g}")
+    print("  sigma       exact   certified")
+    for r in s["curve"]:
+        print(f"  {r['sigma']:<10g} {r['exact_rate']:6.3f}   {r['certified_rate']:6.3f}")
+    print(f"{s['seconds']}s -> {out}")
 
 
 def cmd_demo(args):
@@ -250,6 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model precision (default: the file's metadata, else fp32)")
     s.add_argument("-o", "--output", default=None, help="results JSONL (default STATES.results.jsonl); "
                                                        "the summary goes next to it as .summary.json")
+    s.add_argument("--noise", type=float, default=None,
+                   help="add relative Gaussian noise of norm SIGMA*||h_t|| per position first (eps default: 1.01*SIGMA + tol)")
+    s.add_argument("--seed", type=int, default=0, help="noise seed")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=cmd_invert)
 
@@ -258,6 +299,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default=None, help="model of the inversion and sweep tables (default smollm2)")
     s.add_argument("-o", "--output", required=True, help="directory for tables.md and results.json")
     s.set_defaults(fn=lambda args: __import__("sipit.reproduce", fromlist=["main"]).main(args))
+
+    s = sub.add_parser("robustness", help="certified noise radius (Theorem 3.2) and exact recovery vs noise")
+    add_model(s)
+    s.add_argument("--layer", type=int, required=True)
+    s.add_argument("--final-norm", action="store_true")
+    s.add_argument("--corpus", default="prose:10", help="corpus spec NAME:N,... (default prose:10)")
+    s.add_argument("--length", type=int, default=20, help="tokens per prompt (default 20)")
+    s.add_argument("--sigmas", default="0,0.001,0.003,0.01,0.03,0.1,0.3,1", help="relative noise levels")
+    s.add_argument("--trials", type=int, default=4, help="noisy copies per prompt and sigma")
+    s.add_argument("--candidates", type=int, default=None,
+                   help="k: only policy top-k + k random tokens per position (margins become upper bounds); "
+                        "default every token")
+    s.add_argument("--batch-size", type=int, default=512)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("-o", "--output", required=True, help="output dir: results.json, recovery_vs_noise.png")
+    s.set_defaults(fn=cmd_robustness)
 
     s = sub.add_parser("demo", help="capture a sample prompt on the default model and invert it")
     s.add_argument("--model", default=None)
