@@ -224,3 +224,13 @@ def test_certify_gives_every_position_a_margin(lm):
     assert p.exact
     for q in p.positions:
         assert q.margin is not None and q.margin > 100 * r.eps and q.margin_over >= 8
+
+
+@pytest.mark.gemma
+def test_gemma_default_policy_low_layer_with_bos():
+    lm = load_model("gemma3-270m")
+    ids = [lm.encode("Paris is the capital of France.")[:8]]  # starts with BOS, inverted like any token
+    assert ids[0][0] == lm.tokenizer.bos_token_id
+    states = [LayerTap(lm, 2).states(torch.tensor(i)) for i in ids]
+    r = invert(lm, states, 2, progress=False, true_ids=ids)
+    assert r.prompts[0].ids == ids[0] and r.prompts[0].exact
