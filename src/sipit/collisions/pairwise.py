@@ -201,7 +201,9 @@ def _histogram(x: torch.Tensor, xc32: torch.Tensor, sq: torch.Tensor, c: float, 
     d2 = torch.addmm(s[None, :] + s[:, None], xs, xs.T, alpha=-2)  # [m, m]
     upper = torch.ones_like(d2, dtype=torch.bool).triu_(1)
     i, j = ((d2 <= 1e3 * c * 2 * s.max()) & upper).nonzero(as_tuple=True)  # beyond fp32: recheck
-    d2[i, j] = (x[idx[i]].double() - x[idx[j]].double()).square().sum(1).float()
+    for k in range(0, len(i), 4096):  # chunked: with a few huge-norm rows every pair is "near"
+        a, b = idx[i[k:k + 4096]], idx[j[k:k + 4096]]
+        d2[i[k:k + 4096], j[k:k + 4096]] = (x[a].double() - x[b].double()).square().sum(1).float()
     d2 = d2[upper]
     counts = torch.bucketize(d2.clamp_min_(0).sqrt_(), torch.tensor(EDGES), right=True)
     counts = counts.bincount(minlength=len(EDGES) + 1).tolist()

@@ -98,6 +98,11 @@ class LM:
         return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
 
     @torch.no_grad()
+    def unembedding_rows(self) -> torch.Tensor:
+        """Rows of the LM head: next-token logits = norm(h_L) @ rows.T (before any soft-capping). [V, d]"""
+        return self.model.get_output_embeddings().weight
+
+    @torch.no_grad()
     def embedding_rows(self) -> torch.Tensor:
         """Embedding rows as block 0 sees them (e.g. Gemma's √d scaling included). [V, d]"""
         return self.embed(torch.arange(self.vocab_size))

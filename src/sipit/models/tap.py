@@ -109,6 +109,23 @@ def _expand(cache, batch: int):
     return new
 
 
+def _select(cache, b: int, t: int):
+    """A new cache holding row b of a batched cache, first t positions (copies, so views die)."""
+    new = copy.copy(cache)
+    new.layers = []
+    for layer in cache.layers:
+        layer = copy.copy(layer)
+        if getattr(layer, "is_initialized", False):
+            if getattr(layer, "is_sliding", False) and layer.cumulative_length > layer.keys.shape[-2]:
+                raise ValueError("cannot select from a sliding-window cache past its window; prefill again")
+            layer.keys = layer.keys[b:b + 1, :, :t].clone()
+            layer.values = layer.values[b:b + 1, :, :t].clone()
+            if hasattr(layer, "cumulative_length"):
+                layer.cumulative_length = t
+        new.layers.append(layer)
+    return new
+
+
 class LayerTap:
     """States at one layer of `lm`: full sequences, or candidate tokens appended to a cached prefix.
 
@@ -155,18 +172,47 @@ class LayerTap:
             prefix = Prefix(ids, cache)
         return (prefix, states) if return_states else prefix
 
-    def _extend(self, prefix: Prefix, k: int, batch: int, **inputs) -> Tensor:
+    def _extend(self, prefix: Prefix, k: int, batch: int, keep: bool = False, **inputs):
         positions = torch.arange(prefix.length, prefix.length + k).expand(batch, k)
         cache = _expand(prefix.cache, batch) if prefix.cache is not None else None
-        return self._run(cache=cache, position_ids=positions, **inputs)
+        if cache is None and keep and self.layer > 0:
+            from transformers import DynamicCache
+
+            cache = DynamicCache(config=self.lm.model.config)
+        states = self._run(cache=cache, position_ids=positions, **inputs)
+        return (states, cache) if keep else states
 
     @torch.no_grad()
-    def extend(self, prefix: Prefix, ids: Tensor) -> Tensor:
-        """States of candidates appended to the prefix: ids [B] -> [B, d], or [B, k] -> [B, k, d]."""
+    def extend(self, prefix: Prefix, ids: Tensor, keep: bool = False):
+        """States of candidates appended to the prefix: ids [B] -> [B, d], or [B, k] -> [B, k, d].
+
+        keep=True also returns `grown(b, n) -> Prefix`: the prefix followed by the first n tokens of
+        row b, made from this call's cache (no recomputation; ids must be [B, k]).
+        """
         ids = torch.as_tensor(ids, dtype=torch.long)
-        if ids.dim() == 1:
+        if ids.dim() == 1 and not keep:
             return self.extend(prefix, ids[:, None])[:, 0]
-        return self._extend(prefix, ids.shape[1], ids.shape[0], ids=ids)
+        if not keep:
+            return self._extend(prefix, ids.shape[1], ids.shape[0], ids=ids)
+        states, cache = self._extend(prefix, ids.shape[1], ids.shape[0], keep=True, ids=ids)
+
+        def grown(b: int, n: int) -> Prefix:
+            new_ids = torch.cat([prefix.ids, ids[b, :n]])
+            return Prefix(new_ids, _select(cache, b, len(new_ids)) if cache is not None and len(new_ids) else None)
+        return states, grown
+
+    @torch.no_grad()
+    def extend_layers(self, prefix: Prefix, ids: Tensor, layers: list[int]) -> list[Tensor]:
+        """Candidates ids [B] appended to the prefix, states at several layers ≤ the tap's layer in
+        one pass (blocks above max(layers) never run). -> one [B, d] tensor per entry of `layers`."""
+        layers = [self.lm.layer_index(layer) for layer in layers]
+        if max(layers) > self.layer:
+            raise ValueError(f"layers {layers} above the tap's layer {self.layer}: its prefix cache stops there")
+        ids = torch.as_tensor(ids, dtype=torch.long)[:, None]
+        positions = torch.arange(prefix.length, prefix.length + 1).expand(len(ids), 1)
+        cache = _expand(prefix.cache, len(ids)) if prefix.cache is not None else None
+        states = run_layers(self.lm, layers, ids=ids, cache=cache, position_ids=positions, final_norm=self.final_norm)
+        return [h[:, 0] for h in states]
 
     def extend_embeds(self, prefix: Prefix, embeds: Tensor) -> Tensor:
         """Differentiable: embeds [B, d] -> [B, d], or [B, k, d] -> [B, k, d]."""

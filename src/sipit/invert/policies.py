@@ -1,0 +1,153 @@
+"""Candidate orderings for SipIt. A policy only decides what to try first; the loop verifies.
+
+Interface (all methods cheap unless noted):
+    begin(target [T, d])          a new prompt
+    guesses(t, ids) -> [T-t] | None   top-1 guesses for positions t.. (speculation), or None
+    candidates(t, prefix) -> iterator of id batches [B], best first (may be lazy and expensive)
+    observe(t, ids [B], states [B, d])  wrong candidates' exact states at t on the verified prefix
+    lower_bounds(t) -> [V] | None     certified lower bounds of every token's relative distance
+    cost                              dict the loop provides; policies add backward_tokens here
+
+Policies:
+- exhaustive: the whole vocabulary in id order (the paper's BruteForce, batched).
+- random:     the whole vocabulary in a seeded random order.
+- gradient:   the paper's policy: a continuous proxy embedding e descends ½‖h_t(π ⊕ e) − ĥ_t‖²
+              (normalised by ‖ĥ_t‖²); every K steps the nearest not-yet-proposed rows are proposed.
+- learned:    calibrated per (model, layer, norm) on the model's own states (calibrate.py): position
+              0 by an exact table of every token's state at position 0 (also a certified bound for
+              every token), positions ≥ 1 by a forward linear model h_t ≈ A e_v + B ĥ_{t−1} + c,
+              each token scored by the Gaussian log-likelihood of the observed ĥ_t. Guesses every
+              position, so the loop speculates.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..models import LayerTap
+
+
+class Policy:
+    name = "base"
+
+    def __init__(self, tap: LayerTap, config):
+        self.tap, self.config = tap, config
+        self.V = tap.lm.vocab_size
+        self.cost: dict = {}
+
+    def begin(self, target: Tensor) -> None:
+        self.target = target
+
+    def guesses(self, t: int, ids: Tensor) -> Tensor | None:
+        return None
+
+    def candidates(self, t: int, prefix):
+        raise NotImplementedError
+
+    def lower_bounds(self, t: int) -> Tensor | None:
+        return None
+
+    def observe(self, t: int, ids: Tensor, states: Tensor) -> None:
+        pass
+
+
+class Exhaustive(Policy):
+    name = "exhaustive"
+
+    def candidates(self, t, prefix):
+        yield from torch.arange(self.V).split(self.config.batch_size)
+
+
+class Random(Policy):
+    name = "random"
+
+    def candidates(self, t, prefix):
+        g = torch.Generator().manual_seed(self.config.seed * 1_000_003 + t)
+        yield from torch.randperm(self.V, generator=g).split(self.config.batch_size)
+
+
+class Gradient(Policy):
+    """The paper's gradient-guided policy, proposing a few nearest unvisited rows per snap."""
+
+    name = "gradient"
+
+    def __init__(self, tap, config):
+        super().__init__(tap, config)
+        self.E = tap.lm.embedding_rows()  # [V, d]
+        self.E_sq = (self.E.double() ** 2).sum(1)  # [V]
+        self.scale = float(self.E.norm(dim=1).mean())
+
+    def candidates(self, t, prefix):
+        cfg = self.config
+        target = self.target[t]
+        proposed = torch.zeros(self.V, dtype=torch.bool)
+        e = self.E.mean(0).clone().requires_grad_(True)
+        opt = torch.optim.Adam([e], lr=cfg.grad_lr * self.scale)
+        for step in range(cfg.grad_steps):
+            opt.zero_grad()
+            h = self.tap.extend_embeds(prefix, e[None])[0]  # [d]
+            loss = 0.5 * ((h - target) ** 2).sum() / (target ** 2).sum()
+            loss.backward()
+            self.cost["backward_tokens"] += 1
+            self.cost["forward_tokens"] += 1
+            self.cost["tap_calls"] += 1
+            opt.step()
+            if (step + 1) % cfg.grad_snap_every == 0:
+                with torch.no_grad():  # nearest rows to e by Euclidean distance, unvisited only
+                    d = self.E_sq - 2 * (self.E.double() @ e.detach().double())
+                    d[proposed] = float("inf")
+                    batch = d.topk(min(cfg.grad_snap_k, int((~proposed).sum())), largest=False).indices
+                    batch = batch[d[batch] < float("inf")]
+                proposed[batch] = True
+                if len(batch):
+                    yield batch
+        # then the loop falls back to the rest of the vocabulary
+
+
+class Learned(Policy):
+    """Calibrated ranking (calibrate.ForwardModel): guesses every position at once, so the loop
+    speculates; position 0 also gets certified lower bounds for every token from the table."""
+
+    name = "learned"
+
+    def __init__(self, tap, config):
+        from .calibrate import ForwardModel, load_or_fit
+
+        super().__init__(tap, config)
+        cal, self.calibration_seconds = load_or_fit(tap, config.calibration_tokens)
+        self.model = ForwardModel(cal, tap.lm, tap.final_norm)
+
+    def begin(self, target):
+        super().begin(target)
+        self.target = target.float()
+        g0, self.d0, self.bounds0 = self.model.position0(self.target[0])
+        rest, self.prior = self.model.guesses(self.target)
+        self.guess = torch.cat([torch.tensor([g0]), rest])  # [T]
+        self.anchors = {}  # t -> (wrong id, its exact state at t on the verified prefix)
+
+    def guesses(self, t, ids):
+        return self.guess[t:]
+
+    def observe(self, t, ids, states):
+        self.anchors.setdefault(t, (int(ids[0]), states[0].float()))
+
+    def candidates(self, t, prefix):
+        if t == 0:  # table distances: exact for the screened few, lower bounds for the rest
+            yield from self.d0.argsort().split(self.config.batch_size)
+        else:  # (the loop skips ids already tried)
+            yield from self.model.ranking(self.target, t, self.prior, self.config.batch_size, self.anchors.get(t))
+
+    def lower_bounds(self, t):
+        return self.bounds0 if t == 0 else None
+
+
+POLICIES = {"exhaustive": Exhaustive, "random": Random, "gradient": Gradient, "learned": Learned}
+
+
+def make_policy(name, tap: LayerTap, config) -> Policy:
+    """A policy by name, or by class (any Policy subclass)."""
+    if isinstance(name, type) and issubclass(name, Policy):
+        return name(tap, config)
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}: choose from {', '.join(POLICIES)}")
+    return POLICIES[name](tap, config)
