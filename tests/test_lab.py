@@ -78,6 +78,12 @@ def test_exhaustive_default_models_have_no_collision(model, tmp_path):
     assert (tmp_path / "exhaustive.png").stat().st_size > 0 and "Theorem 2.2" in (tmp_path / "report.md").read_text()
 
 
+def test_longer_context_checks_the_same_model():
+    short = run_exhaustive(ExhaustiveConfig(model=LabModel(vocab=V, context=3)))
+    long = run_exhaustive(ExhaustiveConfig(model=SMALL))  # same weights (fixed positions), more prompts
+    assert all(b.min_distance <= a.min_distance for a, b in zip(short.layers, long.layers))
+
+
 def test_rotary_without_bos_collides_on_repeated_tokens():
     r = run_exhaustive(ExhaustiveConfig(model=LabModel(vocab=V, context=K, arch="llama"), show=100))
     for layer in r.layers:  # a, aa, aaa, aaaa for each token a: V * C(K, 2) pairs

@@ -49,7 +49,7 @@ def _common(p, out: str, tol: bool = True):
     p.add_argument("-o", "--out", default=out, help=f"output directory for result.json, report.md, plots (default {out})")
     p.add_argument("--layers", type=_ints, help="comma-separated layers (default: every block output 1..L; 0 = embeddings)")
     if tol:
-        p.add_argument("--tol", type=float, default=1e-5, help="collision: distance <= tol x mean state norm (default 1e-5)")
+        p.add_argument("--tol", type=float, default=1e-6, help="collision: distance <= tol x mean state norm (default 1e-6)")
     p.add_argument("--max-prompts", type=int, default=300_000, help="refuse larger enumerations (default 300000)")
 
 

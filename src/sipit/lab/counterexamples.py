@@ -96,7 +96,7 @@ class CounterexampleConfig:
     sigmas: list[float] = field(default_factory=lambda: [1e-5, 1e-4, 1e-3, 1e-2])  # perturbation scales tried
     perturb_seed: int = 1234
     quant: str = "float8_e4m3fn"  # dtype of the quantized-states counterexample
-    tol: float = 1e-5
+    tol: float = 1e-6
     max_prompts: int = 300_000
     show: int = 3
 

@@ -93,7 +93,7 @@ class GuaranteeConfig:
     model: LabModel = field(default_factory=lambda: LabModel(vocab=8, context=4))
     layers: list[int] | None = None  # default: every block output
     eps: float = 1e-5  # acceptance radius relative to ‖h_t‖
-    inverter: str = "auto"  # engine (sipit.invert, exhaustive policy) | lab (exhaustive_sipit) | auto: engine if present
+    inverter: str = "auto"  # engine (sipit.invert, exhaustive policy) | lab (exhaustive_sipit) | auto (engine if any)
     max_prompts: int = 300_000
 
 
@@ -152,7 +152,8 @@ def check_layer(lm: LM, prompts: PromptSet, layer: int, invert_fn: InvertFn, bos
             row["mean_steps"] += float(out.steps.sum()) / len(true)
             accepted += int(out.accepted.sum())
             min_wrong = min(min_wrong, out.min_wrong)
-            failures += [(ids[i].tolist(), out.ids[i].tolist()) for i in (~good).nonzero()[:, 0][: show - len(failures)]]
+            bad = (~good).nonzero()[:, 0][: show - len(failures)]
+            failures += [(ids[i].tolist(), out.ids[i].tolist()) for i in bad]
         by_length.append(row)
     n = sum(r["n"] for r in by_length)
     return LayerGuarantee(
@@ -187,7 +188,10 @@ def run_guarantee(cfg: GuaranteeConfig, out_dir=None, invert_fn: InvertFn | None
     prompts = PromptSet(cfg.model.vocab, cfg.model.context)
     check_size(prompts, cfg.model.width, 1, cfg.max_prompts)
     lm = build(cfg.model)
-    name, fn = choose_inverter(cfg) if invert_fn is None else (getattr(invert_fn, "__name__", repr(invert_fn)), invert_fn)
+    if invert_fn is None:
+        name, fn = choose_inverter(cfg)
+    else:
+        name, fn = getattr(invert_fn, "__name__", repr(invert_fn)), invert_fn
     per_layer = [check_layer(lm, prompts, layer, fn, cfg.model.bos_id) for layer in layers]
     result = GuaranteeResult(asdict(cfg), name, len(prompts), lm.vocab_size, prompts.max_len,
                              prompts.max_len * lm.vocab_size, per_layer, time.perf_counter() - t0)

@@ -28,7 +28,7 @@ class TrainConfig:
     eval_every: int = 25  # steps between exhaustive checks
     data_seed: int = 0
     layers: list[int] | None = None
-    tol: float = 1e-5
+    tol: float = 1e-6
     max_prompts: int = 300_000
 
 
@@ -107,7 +107,8 @@ def run_train(cfg: TrainConfig, out_dir=None, progress: bool = False) -> TrainRe
         t = time.perf_counter()
         with torch.no_grad():
             loss = float(next_token_loss(lm, data, m.bos_id))
-        rs = layer_collisions(last_token_states(lm, prompts, layers, bos=m.bos_id), prompts, layers, tol=cfg.tol, show=1)
+        states = last_token_states(lm, prompts, layers, bos=m.bos_id)
+        rs = layer_collisions(states, prompts, layers, tol=cfg.tol, show=1)
         c = Checkpoint(step, loss, [r.min_distance for r in rs], [r.min_relative for r in rs],
                        [r.min_distance / r.min_relative if r.min_relative else 0.0 for r in rs],
                        [r.collisions for r in rs], [r.closest[0][:2] for r in rs], time.perf_counter() - t)
