@@ -202,7 +202,7 @@ def write_guarantee(result, cfg, out_dir):
     for lg in result.layers:
         ax.plot(lengths, [r["max_steps"] for r in lg.by_length], "o-", label=f"layer {lg.layer}: max")
         ax.plot(lengths, [r["mean_steps"] for r in lg.by_length], "x:", label=f"layer {lg.layer}: mean")
-    ax.set(xlabel="prompt length T", ylabel="candidate evaluations", title="SipIt steps on every prompt")
+    ax.set(xlabel="prompt length T", ylabel="candidate evaluations", title="SipIt steps on every prompt", xticks=lengths)
     ax.legend(fontsize=8)
     save_fig(fig, _dir(out_dir) / "guarantee.png")
     rows = ["| layer | prompts | recovered | max steps | max steps / (T·\\|V\\|) | mean steps | closest rejected (rel.) | seconds |",
