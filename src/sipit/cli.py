@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ import torch
 
 from .io import SipitError
 
-BENCHMARKS = ("tap", "pairwise", "invert")
+BENCHMARKS = ("tap", "pairwise", "invert", "exhaustive")
 DEMO_TEXT = "The quick brown fox jumps over the lazy dog while the old farmer watches from the porch."
 
 
@@ -74,10 +75,33 @@ def cmd_invert(args):
     lm = load_model(model, precision=args.precision or st.precision or "fp32")
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: the states file was made with another tokenizer than {model}'s", file=sys.stderr)
-    config = InvertConfig(policy=args.policy, batch_size=args.batch_size, eps=args.eps)
-    result = invert(lm, st.prompts, layer, config, final_norm=final_norm, progress=not args.quiet, true_ids=st.ids)
+    prompts, eps = st.prompts, args.eps
+    if args.noise:  # relative noise of norm sigma*||h_t|| per position; eps must then exceed sigma
+        from .invert.robust import add_noise
+        from .invert.verify import tolerance
+
+        gen = torch.Generator().manual_seed(args.seed)
+        prompts = [add_noise(s, args.noise, gen) for s in prompts]
+        eps = eps if eps is not None else args.noise * 1.01 + tolerance(prompts[0].dtype)
+        print(f"added relative noise sigma={args.noise:g} (seed {args.seed}); eps={eps:.3g}", file=sys.stderr)
+    if args.policy in ("bruteforce", "hardprompts"):  # the paper's baselines (invert/baselines.py)
+        from .invert.baselines import HardPromptsConfig, run_method
+
+        if args.policy == "hardprompts" and not args.quiet:
+            import logging
+
+            logging.basicConfig(level=logging.INFO, format="%(message)s")
+        config = HardPromptsConfig(steps=args.steps, eps=eps) if args.policy == "hardprompts" else \
+            InvertConfig(eps=eps)
+        result = run_method(args.policy, lm, prompts, layer, final_norm=final_norm, max_seconds=args.max_seconds,
+                            config=config, progress=not args.quiet, true_ids=st.ids)
+    else:
+        config = InvertConfig(policy=args.policy, batch_size=args.batch_size, eps=eps,
+                              max_seconds=args.max_seconds)
+        result = invert(lm, prompts, layer, config, final_norm=final_norm, progress=not args.quiet,
+                        true_ids=st.ids)
     out = Path(args.output or Path(args.states).with_suffix(".results.jsonl"))
-    summary = dict(states=str(args.states), **result.summary())
+    summary = dict(states=str(args.states), noise=args.noise, **result.summary())
     write_jsonl(out, [p.to_json() for p in result.prompts])
     summary_path = write_json(out.with_suffix(".summary.json"), summary)
     for i, p in enumerate(result.prompts):
@@ -97,8 +121,37 @@ def cmd_invert(args):
     return 1 if s["failed"] else 0
 
 
+def cmd_robustness(args):
+    from .corpora import sample
+    from .invert.robust import RobustConfig, plot, run
+    from .io import write_json
+    from .models import load_model
+
+    lm = load_model(args.model, precision=args.precision)
+    ids = [p.ids for p in sample(args.corpus, lm.tokenizer, args.length, seed=args.seed)]
+    cfg = RobustConfig(sigmas=tuple(float(x) for x in args.sigmas.split(",")), trials=args.trials,
+                       candidates=args.candidates, batch_size=args.batch_size, seed=args.seed)
+    res = run(lm, ids, args.layer, cfg, final_norm=args.final_norm, progress=not args.quiet)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    d = res.to_dict()
+    d["summary"].update(precision=lm.precision, corpus=args.corpus, length=args.length,
+                        threads=torch.get_num_threads(), load=list(os.getloadavg()))
+    write_json(out / "results.json", d)
+    plot(res, out / "recovery_vs_noise.png")
+    s = d["summary"]
+    kind = "certified" if res.exhaustive else "UPPER BOUND (candidate subset)"
+    print(f"{s['prompts']} prompts, layer {res.layer} of {lm.name} ({lm.precision}); {kind} relative radius "
+          f"min {s['radius_rel_min']:.4g} median {s['radius_rel_median']:.4g}, absolute min {s['radius_abs_min']:.4g}")
+    print("  sigma       exact   certified")
+    for r in s["curve"]:
+        print(f"  {r['sigma']:<10g} {r['exact_rate']:6.3f}   {r['certified_rate']:6.3f}")
+    print(f"{s['seconds']}s -> {out}")
+
+
 def cmd_demo(args):
     from .capture import capture
+    from .invert import invert
     from .models import DEFAULT_MODEL, load_model
     from .states import load_states, save_states
 
@@ -110,12 +163,71 @@ def cmd_demo(args):
     ids = lm.encode(args.text)
     t = time.perf_counter()
     states = capture(lm, [ids], layer)
+    forward = time.perf_counter() - t
     path = save_states(Path(args.out) / "demo_states.safetensors", states, model=lm.name, layer=layer,
                        final_norm=False, tokenizer=lm.tokenizer_fingerprint, ids=[ids])
-    print(f"captured layer {layer} states of {len(ids)} tokens in {time.perf_counter() - t:.2f}s -> {path}")
-    loaded = load_states(path)
+    print(f"captured layer {layer} states of {len(ids)} tokens in {forward:.2f}s (one forward pass) -> {path}")
+    st = load_states(path)
+    result = invert(lm, st.prompts, layer, progress=True)
+    p = result.prompts[0]
     print(f"original : {args.text!r}")
-    print(f"states   : {list(loaded.prompts[0].shape)} {loaded.prompts[0].dtype}")
+    print(f"recovered: {p.text!r}  [{p.status}; {'exact' if p.ids == ids else 'NOT exact'}]")
+    print(f"inversion: {p.seconds:.2f}s ({p.seconds / forward:.1f}x the capture pass), "
+          f"{sum(q.tried for q in p.positions)} candidates verified for {len(ids)} positions; "
+          f"one-time calibration {result.summary()['calibration_seconds']}s")
+    return 0 if p.ids == ids else 1
+
+
+def _print_layers(series: list[dict]) -> None:
+    for s in series:
+        print(f"{s['label']}: {s['n']:,} states, {s['n_pairs']:,} pairs per layer")
+        print("  layer   min distance   relative   pairs<=thr  structural")
+        for r in s["layers"]:
+            d, rel = r["min_distance"], r["min_relative"]
+            print(f"  {r['layer']:5d}   {'—' if d is None else f'{d:12.5g}'}   {'—' if rel is None else f'{rel:8.2e}'}"
+                  f"   {r['below_threshold']:10d}  {r['structural']['pairs']:10d}")
+
+
+def cmd_collisions(args):
+    from .collisions.sampled import SampledConfig, run
+    from .models import load_model
+
+    lm = load_model(args.model, precision=args.precision)
+    cfg = SampledConfig(corpus=args.corpus, length=args.length, layers=args.layers, seed=args.seed,
+                        final_norm=args.final_norm, threshold=args.threshold, keep=args.keep,
+                        batch_size=args.batch_size)
+    res = run(lm, cfg, args.output, progress=not args.quiet)
+    _print_layers(res.to_dict()["series"])
+    print(f"states {res.seconds['states']:.1f}s, pairwise {res.seconds['pairwise']:.1f}s, "
+          f"this run {res.seconds['this_run']:.1f}s (load {res.load['start']}) -> {args.output}")
+
+
+def cmd_exhaustive(args):
+    from .collisions.exhaustive import ExhaustiveConfig, run
+    from .models import load_model
+
+    lm = load_model(args.model, precision=args.precision)
+    cfg = ExhaustiveConfig(prefixes=args.prefixes, layers=args.layers, source=args.source, corpus=args.corpus,
+                           length=args.length, seed=args.seed, final_norm=args.final_norm,
+                           threshold=args.threshold, keep=args.keep, batch_size=args.batch_size,
+                           keep_states=args.keep_states)
+    res = run(lm, cfg, args.output, progress=not args.quiet)
+    _print_layers(res.to_dict()["series"])
+    for k, layers in enumerate(res.layers):
+        st = layers[0]["structural"]
+        if st["pairs"]:
+            groups = "; ".join(" = ".join(f"{t['id']}:{t['text']!r}" for t in g) for g in st["tokens"])
+            print(f"prefix {k}: {st['pairs']} structural pairs (identical embedding rows): {groups}")
+    print(f"states {res.seconds['states']:.1f}s, pairwise {res.seconds['pairwise']:.1f}s, "
+          f"this run {res.seconds['this_run']:.1f}s (load {res.load['start']}) -> {args.output}")
+
+
+def cmd_report(args):
+    from .report import report
+
+    rep = report(args.dir)
+    print(rep.table, end="")
+    print("wrote " + ", ".join(str(p) for p in rep.files))
 
 
 def cmd_bench(args, rest):
@@ -124,9 +236,11 @@ def cmd_bench(args, rest):
         importlib.import_module(f"sipit.bench.{name}").main([*rest, "--threads", str(args.threads)])
 
 
-def add_precision(parser):
+def add_model(parser, default="smollm2"):
     from .models import PRECISIONS
 
+    parser.add_argument("--model", default=default,
+                        help="embedded name (smollm2, gemma3-270m), .gguf file, HF id or directory, tiny-gpt2/tiny-llama")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="weights/activations format or weight quantization (default fp32)")
 
@@ -145,10 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_corpora)
 
     s = sub.add_parser("capture", help="capture hidden states of prompts at one layer")
-    s.add_argument("--model", default="smollm2", help="embedded name, .gguf file, HF id or directory, tiny-gpt2/tiny-llama")
+    add_model(s)
     s.add_argument("--layer", type=int, required=True, help="0 = embeddings, i = after block i, negative from the end")
     s.add_argument("--final-norm", action="store_true", help="apply the model's final norm to the state")
-    add_precision(s)
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="one prompt")
     src.add_argument("--file", help="text file, one prompt per line")
@@ -161,22 +274,89 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--layer", type=int, default=None, help="default: the file's metadata")
     s.add_argument("--final-norm", default=None, action=argparse.BooleanOptionalAction,
                    help="states are after the final norm (default: the file's metadata, else no)")
-    s.add_argument("--policy", default="learned", choices=["learned", "gradient", "random", "exhaustive"],
-                   help="candidate ordering (default learned: calibrated once per model and layer, then cached)")
+    s.add_argument("--policy", default="learned",
+                   choices=["learned", "gradient", "random", "exhaustive", "bruteforce", "hardprompts"],
+                   help="candidate ordering (default learned: calibrated once per model and layer, then cached); "
+                        "bruteforce and hardprompts are the paper's baselines")
     s.add_argument("--batch-size", type=int, default=256, help="candidates per forward pass")
+    s.add_argument("--max-seconds", type=float, default=None,
+                   help="wall-clock cap per prompt (a capped prompt is reported failed with what it finished)")
+    s.add_argument("--steps", type=int, default=None,
+                   help="hardprompts: optimisation steps per prompt (default: the paper's T*|V|/4, see --max-seconds)")
     s.add_argument("--eps", type=float, default=None, help="relative acceptance threshold (default from dtype)")
     s.add_argument("--precision", default=None, choices=PRECISIONS,
                    help="model precision (default: the file's metadata, else fp32)")
     s.add_argument("-o", "--output", default=None, help="results JSONL (default STATES.results.jsonl); "
                                                        "the summary goes next to it as .summary.json")
+    s.add_argument("--noise", type=float, default=None,
+                   help="add relative Gaussian noise of norm SIGMA*||h_t|| per position first (eps default: 1.01*SIGMA + tol)")
+    s.add_argument("--seed", type=int, default=0, help="noise seed")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=cmd_invert)
+
+    s = sub.add_parser("reproduce", help="the paper's inversion tables at our scale, next to the paper's numbers")
+    s.add_argument("--quick", action="store_true", help="a few prompts and short caps (about 5 minutes)")
+    s.add_argument("--model", default=None, help="model of the inversion and sweep tables (default smollm2)")
+    s.add_argument("-o", "--output", required=True, help="directory for tables.md and results.json")
+    s.set_defaults(fn=lambda args: __import__("sipit.reproduce", fromlist=["main"]).main(args))
+
+    s = sub.add_parser("robustness", help="certified noise radius (Theorem 3.2) and exact recovery vs noise")
+    add_model(s)
+    s.add_argument("--layer", type=int, required=True)
+    s.add_argument("--final-norm", action="store_true")
+    s.add_argument("--corpus", default="prose:10", help="corpus spec NAME:N,... (default prose:10)")
+    s.add_argument("--length", type=int, default=20, help="tokens per prompt (default 20)")
+    s.add_argument("--sigmas", default="0,0.001,0.003,0.01,0.03,0.1,0.3,1", help="relative noise levels")
+    s.add_argument("--trials", type=int, default=4, help="noisy copies per prompt and sigma")
+    s.add_argument("--candidates", type=int, default=None,
+                   help="k: only policy top-k + k random tokens per position (margins become upper bounds); "
+                        "default every token")
+    s.add_argument("--batch-size", type=int, default=512)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("-o", "--output", required=True, help="output dir: results.json, recovery_vs_noise.png")
+    s.set_defaults(fn=cmd_robustness)
 
     s = sub.add_parser("demo", help="capture a sample prompt on the default model and invert it")
     s.add_argument("--model", default=None)
     s.add_argument("--text", default=DEMO_TEXT)
     s.add_argument("--out", default="out", help="directory for the demo's files (default ./out)")
     s.set_defaults(fn=cmd_demo)
+
+    def collision_options(s, layers_default, layers_help, batch):
+        add_model(s)
+        s.add_argument("--layers", default=layers_default, help=layers_help)
+        s.add_argument("--length", type=int, default=20, help="tokens per sampled prompt (default 20)")
+        s.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
+        s.add_argument("--final-norm", action="store_true", help="states after the model's final norm")
+        s.add_argument("--threshold", type=float, default=1e-6, help="collision threshold on the L2 distance (default 1e-6)")
+        s.add_argument("--keep", type=int, default=20, help="closest pairs reported per layer (default 20)")
+        s.add_argument("--batch-size", type=int, default=batch, help=f"states per forward pass (default {batch})")
+        s.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+        s.add_argument("-o", "--output", required=True, help="run directory (rerun with the same options to resume)")
+
+    s = sub.add_parser("collisions", help="minimum pairwise distance of last-token states of sampled prompts, per layer")
+    collision_options(s, "all", "'all' (default) or a list like 1,15,-1", 64)
+    s.add_argument("--corpus", default="prose:2000,code:2000,random:1000",
+                   help="corpus spec NAME:N,... (names from sipit.corpora or .txt/.jsonl files)")
+    s.set_defaults(fn=cmd_collisions)
+
+    s = sub.add_parser("exhaustive", help="append every vocabulary token to the closest prefixes and compare all pairs")
+    collision_options(s, None, "'all' or a list like 1,15,-1 (default: 1, L/2, L)", 512)
+    s.add_argument("--prefixes", type=int, default=1, help="K: prefixes to test (default 1)")
+    s.add_argument("--from", dest="source", default=None, help="a `sipit collisions` run dir to take the prefixes from")
+    s.add_argument("--corpus", default="prose:200,code:200,random:100",
+                   help="without --from: prompts sampled to choose the prefixes (default prose:200,code:200,random:100)")
+    s.add_argument("--keep-states", action="store_true", help="keep the V x d state chunks after the analysis")
+    s.set_defaults(fn=cmd_exhaustive)
+
+    s = sub.add_parser("report", help="tables (table.md) and PNG plots of a collisions or exhaustive run dir")
+    s.add_argument("dir")
+    s.set_defaults(fn=cmd_report)
+
+    from .lab.cli import add_lab_parser
+
+    add_lab_parser(sub)
 
     s = sub.add_parser("bench", help=f"run a benchmark and print JSON: {', '.join(BENCHMARKS)} or all; "
                                       "extra arguments go to the benchmark")

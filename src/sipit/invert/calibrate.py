@@ -79,11 +79,18 @@ def calibration_ids(lm, n_tokens: int, seed: int = 0) -> tuple[Tensor, Tensor]:
     return ids, torch.arange(len(ids)) >= len(rows)
 
 
+def _progress(it, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(it, desc=desc, leave=False, disable=None)  # disable=None: silent when not a terminal
+
+
 @torch.no_grad()
 def position0_table(tap: LayerTap, batch: int = 1024) -> Tensor:
     """Every token's state at position 0. [V, d]"""
     V = tap.lm.vocab_size
-    return torch.cat([tap.states(torch.arange(i, min(V, i + batch))[:, None])[:, 0] for i in range(0, V, batch)])
+    starts = _progress(range(0, V, batch), f"calibration (one-time) {tap.lm.name} L{tap.layer}: position-0 table")
+    return torch.cat([tap.states(torch.arange(i, min(V, i + batch))[:, None])[:, 0] for i in starts])
 
 
 @torch.no_grad()
@@ -97,7 +104,8 @@ def fit_forward_model(tap: LayerTap, ids: Tensor, is_random: Tensor, table: Tens
     E = tap.lm.embedding_rows().double()  # [V, d]
     d = E.shape[1]
     tok = torch.cat([E, table.double()], 1)  # [V, 2d]
-    H = torch.cat([tap.states(ids[i:i + batch]) for i in range(0, len(ids), batch)]).double()  # [N, S, d]
+    starts = _progress(range(0, len(ids), batch), f"calibration (one-time) {tap.lm.name} L{tap.layer}: states of text")
+    H = torch.cat([tap.states(ids[i:i + batch]) for i in starts]).double()  # [N, S, d]
     v = ids[:, 1:].reshape(-1)
     Y = H[:, 1:].reshape(-1, d)
     X = torch.cat([tok[v], H[:, :-1].reshape(-1, d)], 1)  # [n, 3d]
@@ -333,6 +341,10 @@ def load_or_fit(tap: LayerTap, n_tokens: int) -> tuple[dict[str, Tensor], float]
             add_screening(cal, tap)
             _save(cal, path)
             return cal, 0.0
+    import sys
+
+    print(f"sipit: calibrating the learned policy for {tap.lm.name} layer {tap.layer} (one-time, "
+          f"a few minutes on a CPU; cached in {path.parent})", file=sys.stderr)
     t0 = time.perf_counter()
     table = position0_table(tap)
     ids, is_random = calibration_ids(tap.lm, n_tokens)

@@ -46,6 +46,7 @@ class InvertConfig:
     lookahead_tokens: int = 32  # first search batch: candidates × (1 + guessed continuation) tokens
     first_batch: int = 16  # then candidate batches of 16, 64, 256, ... up to batch_size
     max_candidates: int | None = None  # per position; None: the whole vocabulary before failing
+    max_seconds: float | None = None  # per prompt wall-clock cap; a capped prompt ends "failed" (message says so)
     seed: int = 0  # random policy
     grad_steps: int = 200  # gradient policy: steps before falling back to exhaustive order
     grad_lr: float = 0.1  # gradient policy: Adam step, relative to the mean embedding norm
@@ -84,6 +85,7 @@ class PromptResult:
     message: str = ""
     true_ids: list[int] | None = None
     exact: bool | None = None  # every position recovered and equal to true_ids up to duplicates
+    loss_curve: list[float] | None = None  # optimisation baselines (hardprompts): loss at every step
 
     @property
     def forward_equivalents(self) -> float:
@@ -137,7 +139,7 @@ class InversionResult:
             vocab_explored_pct=round(100 * sum(tried) / max(len(tried), 1) / max(self.vocab_size, 1), 5),
             forward_equivalents_per_prompt=round(sum(p.forward_equivalents for p in P) / max(len(P), 1), 3),
             tap_calls_per_prompt=round(sum(p.tap_calls for p in P) / max(len(P), 1), 3),
-            speculated_positions_pct=round(100 * sum(q.via != "search" for q in positions) / max(len(positions), 1), 2),
+            speculated_positions_pct=round(100 * sum(q.via in ("speculation", "lookahead") for q in positions) / max(len(positions), 1), 2),
         )
 
     def to_jsonl(self) -> str:
@@ -174,7 +176,7 @@ class SipIt:
 
     def invert_prompt(self, target: Tensor, true_ids: list[int] | None = None) -> PromptResult:
         """target [T, d] (observed states) -> PromptResult."""
-        t0 = time.perf_counter()
+        t0 = self._t0 = time.perf_counter()
         self._cost = dict(forward_tokens=0, backward_tokens=0, tap_calls=0)
         self.policy.cost = self._cost
         T = target.shape[0]
@@ -206,6 +208,10 @@ class SipIt:
             prefix, found, checked = self._search(prefix, checked, continuation)
             positions += found
             if not found or found[-1].token is None:
+                if self._capped():
+                    return self._finish(t0, prefix.ids.tolist(), positions, "failed", T, true_ids,
+                                        f"time cap of {self.config.max_seconds:g}s reached at position {t} "
+                                        f"({found[-1].tried} candidates tried there)")
                 return self._finish(t0, prefix.ids.tolist(), positions, "failed", T, true_ids,
                                     f"no token within eps={self.eps:g} at position {t} "
                                     f"(best relative distance {found[-1].distance:.3g}); "
@@ -264,7 +270,7 @@ class SipIt:
         limit = cfg.max_candidates or V
         lookahead = continuation is not None and len(continuation) > 0 and cfg.lookahead_tokens > 0
         n_batches = 0
-        while len(evaluated) < limit:
+        while len(evaluated) < limit and not self._capped():
             if lookahead:
                 batch = queue.take(max(1, cfg.lookahead_tokens // (1 + len(continuation))))
             else:
@@ -325,6 +331,9 @@ class SipIt:
             near = [int(u) for u in batch[d <= self.eps]]
             if near:
                 q.also_within_eps = sorted(set(q.also_within_eps or []) | set(near))
+
+    def _capped(self) -> bool:
+        return self.config.max_seconds is not None and time.perf_counter() - self._t0 > self.config.max_seconds
 
     def _position(self, v: int, dist: float, evaluated: dict[int, float], via: str, bounds: Tensor | None = None,
                   tried: int = 1) -> Position:

@@ -107,6 +107,10 @@ class LM:
         """Embedding rows as block 0 sees them (e.g. Gemma's √d scaling included). [V, d]"""
         return self.embed(torch.arange(self.vocab_size))
 
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """Next-token logits [B, T, V] for ids [B, T]; differentiable when grads are enabled."""
+        return self.model(input_ids=ids).logits
+
 
 def _find_blocks(base: nn.Module, config) -> nn.ModuleList:
     n = getattr(config.get_text_config(), "num_hidden_layers", None)

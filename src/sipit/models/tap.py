@@ -201,6 +201,19 @@ class LayerTap:
             return Prefix(new_ids, _select(cache, b, len(new_ids)) if cache is not None and len(new_ids) else None)
         return states, grown
 
+    @torch.no_grad()
+    def extend_layers(self, prefix: Prefix, ids: Tensor, layers: list[int]) -> list[Tensor]:
+        """Candidates ids [B] appended to the prefix, states at several layers ≤ the tap's layer in
+        one pass (blocks above max(layers) never run). -> one [B, d] tensor per entry of `layers`."""
+        layers = [self.lm.layer_index(layer) for layer in layers]
+        if max(layers) > self.layer:
+            raise ValueError(f"layers {layers} above the tap's layer {self.layer}: its prefix cache stops there")
+        ids = torch.as_tensor(ids, dtype=torch.long)[:, None]
+        positions = torch.arange(prefix.length, prefix.length + 1).expand(len(ids), 1)
+        cache = _expand(prefix.cache, len(ids)) if prefix.cache is not None else None
+        states = run_layers(self.lm, layers, ids=ids, cache=cache, position_ids=positions, final_norm=self.final_norm)
+        return [h[:, 0] for h in states]
+
     def extend_embeds(self, prefix: Prefix, embeds: Tensor) -> Tensor:
         """Differentiable: embeds [B, d] -> [B, d], or [B, k, d] -> [B, k, d]."""
         if embeds.dim() == 2:

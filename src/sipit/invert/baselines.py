@@ -1,0 +1,192 @@
+"""The paper's two baselines (Table 2), through the same layer tap and result format as SipIt.
+
+- **bruteforce**: every candidate in a random order over the whole vocabulary, verified one at a
+  time (batch size 1, no speculation, no lookahead). Not new loop code: it is the SipIt engine
+  configured with the `random` policy, so its verification and accounting are SipIt's.
+- **hardprompts**: PEZ (Wen et al. 2023) as the paper adapted it. All T input embeddings are
+  optimised jointly (AdamW) against the distance to the observed states; at every step the
+  continuous embeddings are projected to their nearest vocabulary rows, the loss and its gradient
+  are taken at the projected point, and that gradient is applied to the continuous embeddings.
+  The answer is the projected sequence with the lowest loss; its positions are then checked with
+  the same ε as SipIt (so `status` is "ok" only if every position verifies).
+
+    r = bruteforce(lm, states, layer=15, max_seconds=60)          # InversionResult, policy "bruteforce"
+    r = hardprompts(lm, states, layer=15, config=HardPromptsConfig(steps=500))
+    r.prompts[0].loss_curve                                       # hardprompts: loss per step
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from ..models import LM, LayerTap, load_model
+from .sipit import InversionResult, InvertConfig, Position, PromptResult, _n_correct, as_prompts, invert
+from .verify import rel_distance, tolerance
+
+log = logging.getLogger("sipit.hardprompts")
+
+METHODS = ("sipit", "bruteforce", "hardprompts")
+
+
+# -- BruteForce --------------------------------------------------------------------------------
+
+
+def bruteforce_config(seed: int = 0, max_seconds: float | None = None, eps: float | None = None) -> InvertConfig:
+    """The engine configured as the paper's BruteForce: random order, one candidate per pass."""
+    return InvertConfig(policy="random", batch_size=1, first_batch=1, speculate=False, lookahead_tokens=0,
+                        seed=seed, max_seconds=max_seconds, eps=eps)
+
+
+def bruteforce(lm: LM | str, states, layer: int, final_norm: bool = False, seed: int = 0,
+               max_seconds: float | None = None, eps: float | None = None, progress: bool = True,
+               true_ids=None) -> InversionResult:
+    """states [T, d] / [B, T, d] / list of [T_i, d] -> InversionResult (policy "bruteforce").
+
+    max_seconds caps each prompt; a capped prompt is "failed" with the positions it finished.
+    """
+    r = invert(lm, states, layer, bruteforce_config(seed, max_seconds, eps), final_norm=final_norm,
+               progress=progress, true_ids=true_ids)
+    r.policy = "bruteforce"
+    return r
+
+
+# -- HardPrompts (PEZ) -------------------------------------------------------------------------
+
+
+@dataclass
+class HardPromptsConfig:
+    steps: int | None = None  # optimisation steps per prompt; None: the paper's budget ¼·T·|V|
+    max_seconds: float | None = 60.0  # per prompt wall-clock cap (None: only `steps`)
+    lr: float = 0.1  # AdamW step, relative to the mean embedding-row norm
+    weight_decay: float = 0.1  # PEZ's default
+    seed: int = 0  # random initial tokens
+    log_every: int = 50  # log the loss every K steps (logger "sipit.hardprompts", INFO)
+    eps: float | None = None  # verification threshold of the answer; None: from the states' dtype
+
+
+class HardPrompts:
+    """PEZ inversion for one (model, layer, norm); reusable across prompts."""
+
+    def __init__(self, lm: LM, layer: int, config: HardPromptsConfig | None = None, final_norm: bool = False,
+                 eps: float | None = None):
+        self.lm, self.config = lm, config or HardPromptsConfig()
+        self.tap = LayerTap(lm, layer, final_norm=final_norm)
+        self.eps = eps if eps is not None else (self.config.eps or tolerance(torch.float32))
+        self.E = lm.embedding_rows().to(lm.dtype)  # [V, d]
+        self.E_sq = (self.E.float() ** 2).sum(1)  # [V]
+        self.scale = float(self.E.float().norm(dim=1).mean())
+
+    def project(self, e: Tensor) -> Tensor:
+        """e [T, d] -> ids [T] of the nearest embedding rows (Euclidean)."""
+        return (self.E_sq[None] - 2 * e.float() @ self.E.float().T).argmin(1)
+
+    def loss(self, h: Tensor, target: Tensor) -> Tensor:
+        """h, target [T, d] -> mean over positions of ‖h_t − ĥ_t‖² / ‖ĥ_t‖² (scalar).
+
+        Squared ℓ2 per position, normalised so that position 0's massive activations don't dominate.
+        """
+        return (((h.float() - target.float()) ** 2).sum(-1) / (target.float() ** 2).sum(-1).clamp_min(1e-30)).mean()
+
+    def invert_prompt(self, target: Tensor, true_ids: list[int] | None = None) -> PromptResult:
+        """target [T, d] (observed states) -> PromptResult with the best projected sequence."""
+        cfg, t0 = self.config, time.perf_counter()
+        T, V = target.shape[0], self.lm.vocab_size
+        target = target.to(self.lm.dtype)
+        steps = cfg.steps if cfg.steps is not None else max(1, T * V // 4)
+        g = torch.Generator().manual_seed(cfg.seed)
+        e = self.E[torch.randint(V, (T,), generator=g)].clone().requires_grad_(True)  # [T, d] continuous
+        opt = torch.optim.AdamW([e], lr=cfg.lr * self.scale, weight_decay=cfg.weight_decay)
+        visited = torch.zeros(T, V, dtype=torch.bool)
+        curve: list[float] = []
+        best_loss, best_ids = float("inf"), None
+        for step in range(steps):
+            if cfg.max_seconds is not None and time.perf_counter() - t0 > cfg.max_seconds:
+                log.info("hardprompts: time cap %.0fs reached after %d steps", cfg.max_seconds, step)
+                break
+            with torch.no_grad():
+                ids = self.project(e)  # [T]
+            visited[torch.arange(T), ids] = True
+            p = self.E[ids].clone().requires_grad_(True)  # [T, d] projected point
+            loss = self.loss(self.tap.states_from_embeds(p[None])[0], target)
+            (grad,) = torch.autograd.grad(loss, p)
+            opt.zero_grad()
+            e.grad = grad.to(e.dtype)  # the gradient at the projected point moves the continuous one
+            opt.step()
+            curve.append(float(loss.detach()))
+            if curve[-1] < best_loss:
+                best_loss, best_ids = curve[-1], ids.clone()
+            if cfg.log_every and step % cfg.log_every == 0:
+                log.info("hardprompts step %d: loss %.5g (best %.5g)", step, curve[-1], best_loss)
+            if best_loss == 0.0:
+                break
+        n = len(curve)
+        if best_ids is None:  # no step fitted in the cap: the projection of the initial point
+            best_ids = self.project(e.detach())
+        with torch.no_grad():
+            d = rel_distance(self.tap.states(best_ids), target)  # [T]
+        tried = visited.sum(1).clamp_min(1).tolist()
+        positions = [Position(token=int(v), distance=float(dv), margin=None, margin_over=0, tried=int(k),
+                              via="hardprompts") for v, dv, k in zip(best_ids.tolist(), d.tolist(), tried)]
+        bad = int((d > self.eps).sum())
+        status = "ok" if bad == 0 else "failed"
+        capped = n < steps and best_loss > 0.0
+        message = "" if bad == 0 else (("time cap reached; " if capped else "")
+                                       + f"{bad}/{T} positions of the best projected sequence are not within "
+                                       f"eps={self.eps:g} after {n} steps (best loss {best_loss:.4g})")
+        ids = best_ids.tolist()
+        r = PromptResult(ids=ids, text=self.lm.decode(ids), status=status, positions=positions,
+                         seconds=time.perf_counter() - t0, forward_tokens=T * (n + 1), backward_tokens=T * n,
+                         tap_calls=n + 1, length=T, message=message,
+                         true_ids=list(true_ids) if true_ids is not None else None, loss_curve=curve)
+        if true_ids is not None:
+            r.exact = _n_correct(r) == T
+        return r
+
+
+def hardprompts(lm: LM | str, states, layer: int, config: HardPromptsConfig | None = None, final_norm: bool = False,
+                progress: bool = True, true_ids=None) -> InversionResult:
+    """states [T, d] / [B, T, d] / list of [T_i, d] -> InversionResult (policy "hardprompts")."""
+    from tqdm.auto import tqdm
+
+    config = config or HardPromptsConfig()
+    lm = load_model(lm) if isinstance(lm, str) else lm
+    layer = lm.layer_index(layer)
+    prompts = as_prompts(states, lm.d_model)
+    eps = config.eps if config.eps is not None else max(tolerance(s.dtype) for s in prompts)
+    engine = HardPrompts(lm, layer, config, final_norm=final_norm, eps=eps)
+    result = InversionResult(model=lm.name, layer=layer, final_norm=final_norm, policy="hardprompts", eps=eps,
+                             vocab_size=lm.vocab_size)
+    t0 = time.perf_counter()
+    for i, s in enumerate(tqdm(prompts, desc=f"hardprompts L{layer}", unit="prompt", disable=not progress)):
+        result.prompts.append(engine.invert_prompt(s, true_ids[i] if true_ids is not None else None))
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def run_method(method: str, lm: LM, states, layer: int, *, final_norm: bool = False, max_seconds: float | None = None,
+               config: InvertConfig | HardPromptsConfig | None = None, progress: bool = True,
+               true_ids=None) -> InversionResult:
+    """One entry point for the three methods of Table 2 (sipit uses config or the default policy)."""
+    if method == "bruteforce":
+        eps = config.eps if config is not None else None
+        return bruteforce(lm, states, layer, final_norm, max_seconds=max_seconds, eps=eps, progress=progress,
+                          true_ids=true_ids)
+    if method == "hardprompts":
+        config = config if isinstance(config, HardPromptsConfig) else HardPromptsConfig()
+        if max_seconds is not None:
+            config = replace(config, max_seconds=max_seconds)
+        return hardprompts(lm, states, layer, config, final_norm, progress=progress, true_ids=true_ids)
+    if method == "sipit":
+        config = config if isinstance(config, InvertConfig) else InvertConfig()
+        if max_seconds is not None:
+            config = replace(config, max_seconds=max_seconds)
+        return invert(lm, states, layer, config, final_norm=final_norm, progress=progress, true_ids=true_ids)
+    raise ValueError(f"unknown method {method!r}: choose from {', '.join(METHODS)}")
+
+
+__all__ = ["HardPrompts", "HardPromptsConfig", "METHODS", "bruteforce", "bruteforce_config", "hardprompts",
+           "run_method"]

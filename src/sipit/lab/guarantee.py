@@ -1,0 +1,202 @@
+"""SipIt's guarantee on a tiny model (Theorem 3.1): every prompt of length <= K is recovered from its
+states at a layer, and never after more than T·|V| candidate evaluations."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from sipit.models.load import LM
+from sipit.models.tap import run_layers
+
+from .exhaustive import default_layers
+from .models import LabError, LabModel, PromptSet, build, check_size, with_bos
+
+
+@dataclass
+class Inverted:
+    """What an inverter returns for a batch of B prompts of length T."""
+
+    ids: Tensor  # [B, T] recovered tokens
+    steps: Tensor  # [B] candidate evaluations a sequential SipIt would have made
+    accepted: Tensor  # [B] bool: every position had a candidate within ε
+    min_wrong: float = float("inf")  # smallest relative distance of a rejected candidate seen
+
+
+# (lm, layer, states [B, P+T, d] of prefix + prompts, prefix ids [P]) -> Inverted for the T prompt positions
+InvertFn = Callable[[LM, int, Tensor, list[int]], Inverted]
+
+
+@torch.no_grad()
+def exhaustive_sipit(lm: LM, layer: int, states: Tensor, prefix: list[int] = (), *, eps: float = 1e-5,
+                     batch: int = 32_768) -> Inverted:
+    """SipIt with the exhaustive policy, many prompts at once: at position t, try tokens 0, 1, ...
+    after the known `prefix` and the recovered tokens, and accept the first whose state at t is
+    within eps·‖h_t‖ of the observed h_t. The step count is what the sequential algorithm would do
+    (first accepted index + 1, or |V| if none is accepted; then the nearest candidate is kept).
+    states: [B, P+T, d] (the P prefix positions are known and skipped)."""
+    states = states[:, len(prefix):]
+    B, T, _ = states.shape
+    V = lm.vocab_size  # every embedding row is a candidate (a BOS row too)
+    head = torch.tensor(list(prefix), dtype=torch.long)[None]  # [1, P]
+    ids = torch.zeros(B, 0, dtype=torch.long)
+    steps = torch.zeros(B, dtype=torch.long)
+    accepted = torch.ones(B, dtype=torch.bool)
+    min_wrong = float("inf")
+    for t in range(T):
+        cand = torch.cat([head.expand(B * V, -1), ids.repeat_interleave(V, 0), torch.arange(V).repeat(B)[:, None]], 1)
+        h = torch.cat([run_layers(lm, [layer], ids=cand[s : s + batch])[0][:, -1]
+                       for s in range(0, len(cand), batch)]).view(B, V, -1)
+        target = states[:, t]
+        dist = (h - target[:, None]).norm(dim=-1) / target.norm(dim=-1, keepdim=True)  # [B, V] relative
+        ok = dist <= eps
+        hit = ok.any(1)
+        first = torch.where(hit, ok.to(torch.uint8).argmax(1), dist.argmin(1))
+        wrong = dist.scatter(1, first[:, None], float("inf"))
+        min_wrong = min(min_wrong, float(wrong.min()))
+        steps += torch.where(hit, first + 1, V)
+        accepted &= hit
+        ids = torch.cat([ids, first[:, None]], 1)
+    return Inverted(ids, steps, accepted, min_wrong)
+
+
+def engine(policy: str = "exhaustive", eps: float | None = None) -> InvertFn:
+    """The project's SipIt engine (`sipit.invert.invert`) as an InvertFn, prompt by prompt. It
+    recovers the prefix too (a BOS is a vocabulary token like any other); the prefix must come
+    back unchanged, and the steps counted are the candidates it evaluated at the prompt positions."""
+    from sipit.invert import InvertConfig, invert
+
+    def fn(lm: LM, layer: int, states: Tensor, prefix: list[int]) -> Inverted:
+        P, (B, n, _) = len(prefix), states.shape
+        res = invert(lm, states, layer, InvertConfig(policy=policy, eps=eps), progress=False)
+        ids = torch.full((B, n - P), -1, dtype=torch.long)
+        steps = torch.zeros(B, dtype=torch.long)
+        accepted = torch.zeros(B, dtype=torch.bool)
+        min_wrong = float("inf")
+        for b, p in enumerate(res.prompts):
+            got = p.ids + [-1] * (n - len(p.ids))
+            ids[b] = torch.tensor(got[P:])
+            steps[b] = sum(q.tried for q in p.positions[P:])
+            accepted[b] = p.status == "ok" and got[:P] == list(prefix)
+            min_wrong = min([min_wrong] + [q.margin for q in p.positions[P:] if q.margin is not None])
+        return Inverted(ids, steps, accepted, min_wrong)
+
+    fn.__name__ = f"sipit.invert.invert(policy={policy!r})"
+    return fn
+
+
+@dataclass
+class GuaranteeConfig:
+    model: LabModel = field(default_factory=lambda: LabModel(vocab=8, context=4))
+    layers: list[int] | None = None  # default: every block output
+    eps: float = 1e-5  # acceptance radius relative to ‖h_t‖
+    inverter: str = "auto"  # engine (sipit.invert, exhaustive policy) | lab (exhaustive_sipit) | auto (engine if any)
+    max_prompts: int = 300_000
+
+
+@dataclass
+class LayerGuarantee:
+    layer: int
+    n_prompts: int
+    recovered: int  # prompts recovered exactly
+    accepted: int  # prompts where every position had a candidate within ε
+    max_steps: int  # over all prompts
+    max_steps_ratio: float  # max over prompts of steps / (T·|V|): ≤ 1 is the guarantee
+    mean_steps: float
+    min_wrong_relative: float  # closest rejected candidate, relative to ‖h_t‖: the margin over ε
+    failures: list  # [(true ids, recovered ids)] first few
+    by_length: list  # [{length, n, recovered, max_steps, mean_steps, bound}] per prompt length T
+    seconds: float
+
+
+@dataclass
+class GuaranteeResult:
+    config: dict
+    inverter: str
+    n_prompts: int
+    vocab: int  # |V|: the model's vocabulary (with the BOS row if any), all of it searched
+    max_len: int
+    bound: int  # K·|V|: the largest T·|V|
+    layers: list[LayerGuarantee]
+    seconds: float
+
+    @property
+    def holds(self) -> bool:
+        return all(r.recovered == r.n_prompts and r.max_steps_ratio <= 1 for r in self.layers)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "holds": self.holds}
+
+
+def check_layer(lm: LM, prompts: PromptSet, layer: int, invert_fn: InvertFn, bos: int | None = None,
+                show: int = 5) -> LayerGuarantee:
+    """Invert every prompt from its own full-forward states at `layer`; count exact recoveries."""
+    t0 = time.perf_counter()
+    accepted, min_wrong, failures = 0, float("inf"), []
+    prefix = [] if bos is None else [bos]
+    by_length = []
+    for T in range(1, prompts.max_len + 1):
+        true = prompts.of_length(T)  # [V^T, T]
+        row = dict(length=T, n=len(true), recovered=0, max_steps=0, mean_steps=0.0, bound=T * lm.vocab_size)
+        for s in range(0, len(true), 4096):
+            ids = true[s : s + 4096]
+            with torch.no_grad():
+                states = run_layers(lm, [layer], ids=with_bos(ids, bos))[0]  # [B, P+T, d]
+            out = invert_fn(lm, layer, states, prefix)
+            good = (out.ids == ids).all(1)
+            row["recovered"] += int(good.sum())
+            row["max_steps"] = max(row["max_steps"], int(out.steps.max()))
+            row["mean_steps"] += float(out.steps.sum()) / len(true)
+            accepted += int(out.accepted.sum())
+            min_wrong = min(min_wrong, out.min_wrong)
+            bad = (~good).nonzero()[:, 0][: show - len(failures)]
+            failures += [(ids[i].tolist(), out.ids[i].tolist()) for i in bad]
+        by_length.append(row)
+    n = sum(r["n"] for r in by_length)
+    return LayerGuarantee(
+        layer, n, sum(r["recovered"] for r in by_length), accepted, max(r["max_steps"] for r in by_length),
+        max(r["max_steps"] / r["bound"] for r in by_length), sum(r["mean_steps"] * r["n"] for r in by_length) / n,
+        min_wrong, failures, by_length, time.perf_counter() - t0)
+
+
+def choose_inverter(cfg: GuaranteeConfig) -> tuple[str, InvertFn]:
+    if cfg.inverter not in ("auto", "engine", "lab"):
+        raise LabError(f"inverter {cfg.inverter!r}: use engine, lab or auto")
+    if cfg.inverter != "lab":
+        try:
+            fn = engine("exhaustive", cfg.eps)
+            return fn.__name__, fn
+        except ImportError:
+            if cfg.inverter == "engine":
+                raise LabError("the SipIt engine (sipit.invert) is not installed in this tree; use --inverter lab")
+
+    def fn(lm, layer, states, prefix):
+        return exhaustive_sipit(lm, layer, states, prefix, eps=cfg.eps)
+
+    return "sipit.lab.guarantee.exhaustive_sipit", fn
+
+
+def run_guarantee(cfg: GuaranteeConfig, out_dir=None, invert_fn: InvertFn | None = None) -> GuaranteeResult:
+    """Invert all prompts of length 1..K at each layer; write results to out_dir.
+
+    invert_fn: any inverter with the InvertFn signature; default: chosen by cfg.inverter."""
+    t0 = time.perf_counter()
+    layers = default_layers(cfg.model, cfg.layers)
+    prompts = PromptSet(cfg.model.vocab, cfg.model.context)
+    check_size(prompts, cfg.model.width, 1, cfg.max_prompts)
+    lm = build(cfg.model)
+    if invert_fn is None:
+        name, fn = choose_inverter(cfg)
+    else:
+        name, fn = getattr(invert_fn, "__name__", repr(invert_fn)), invert_fn
+    per_layer = [check_layer(lm, prompts, layer, fn, cfg.model.bos_id) for layer in layers]
+    result = GuaranteeResult(asdict(cfg), name, len(prompts), lm.vocab_size, prompts.max_len,
+                             prompts.max_len * lm.vocab_size, per_layer, time.perf_counter() - t0)
+    if out_dir is not None:
+        from .report import write_guarantee
+
+        write_guarantee(result, cfg, out_dir)
+    return result

@@ -1,0 +1,31 @@
+"""sipit reproduce: the four tables, on a tiny model with tiny caps."""
+import json
+
+import torch
+
+from sipit.reproduce import ReproduceConfig, layerwise_table, run
+
+torch.set_num_threads(1)
+
+
+def test_layerwise_table_reads_committed_collisions():
+    rows, md = layerwise_table()
+    assert rows[1]["layer"] == 1 and rows[1]["min_distance"] > 1e-6
+    assert "Table 1" in md and "| 15 |" in md
+
+
+def test_reproduce_tiny(tmp_path):
+    cfg = ReproduceConfig(model="tiny-gpt2", length=6, natural="prose:1", random=1, bruteforce_seconds=2,
+                          hardprompts_seconds=2, hardprompts_steps=20, sweep_prompts=1, sweep_lengths=(6, 10),
+                          vocab_models=("tiny-llama",), vocab_prompts=1, policy="learned")
+    res = run(cfg, tmp_path, command="test", log=lambda *a: None)
+    assert set(res.tables) == {"layerwise", "inversion", "sweep", "vocab"}
+    methods = {r["key"]: r for r in res.inversion}
+    assert set(methods) == {"hardprompts", "bruteforce", "sipit"}
+    assert methods["sipit"]["exact_match"] == 1.0 and methods["sipit"]["token_accuracy"] == 1.0
+    assert methods["bruteforce"]["accuracy_finished"] in (None, 1.0)  # only verified tokens
+    assert {(r["layer"], r["length"]) for r in res.sweep} >= {(1, 6), (2, 6), (4, 6), (2, 10)}
+    assert all(r["exact_match"] == 1.0 for r in res.sweep + res.vocab)
+    md = (tmp_path / "tables.md").read_text()
+    assert "paper: seconds" in md and "6132.59" in md
+    assert json.loads((tmp_path / "results.json").read_text())["environment"]["command"] == "test"
