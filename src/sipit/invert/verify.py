@@ -58,9 +58,9 @@ class DuplicateClasses:
     def __init__(self, embeddings: Tensor):
         """embeddings [V, d]"""
         V = embeddings.shape[0]
-        bits = embeddings.detach().contiguous().float().view(torch.int32).long()
+        bits = embeddings.detach().float().contiguous().view(torch.int32)  # exact equality = equal bits
         weights = torch.randint(1, 2 ** 61, (bits.shape[1],), generator=torch.Generator().manual_seed(0)) | 1
-        key = torch.cat([(chunk * weights).sum(1) for chunk in bits.split(8192)])  # wraps mod 2^64: fine
+        key = torch.cat([(chunk.long() * weights).sum(1) for chunk in bits.split(8192)])  # wraps mod 2^64
         self.rep = torch.arange(V)
         order = torch.argsort(key, stable=True)
         sorted_key = key[order]
