@@ -96,7 +96,8 @@ def test_rotary_without_bos_collides_on_repeated_tokens():
 
 @pytest.fixture(scope="module")
 def counterexamples():
-    names = ["duplicate-embedding", "uniform-attention-no-positions", "zero-attention", "rotary-without-bos"]
+    names = ["duplicate-embedding", "uniform-attention-no-positions", "zero-attention", "quantized-weights",
+             "rotary-without-bos"]
     r = run_counterexamples(CounterexampleConfig(model=SMALL, names=names, sigmas=[1e-3]))
     return {item.name: item for item in r.items}
 

@@ -297,6 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("reproduce", help="the paper's inversion tables at our scale, next to the paper's numbers")
     s.add_argument("--quick", action="store_true", help="a few prompts and short caps (about 5 minutes)")
     s.add_argument("--model", default=None, help="model of the inversion and sweep tables (default smollm2)")
+    s.add_argument("--prompts", type=int, default=None,
+                   help="prompts of the inversion table, 90%% prose and 10%% (at least 1) random ids (default 10)")
+    s.add_argument("--cap", type=float, default=None,
+                   help="wall-clock cap per prompt, seconds, for HardPrompts and BruteForce (default 600)")
     s.add_argument("-o", "--output", required=True, help="directory for tables.md and results.json")
     s.set_defaults(fn=lambda args: __import__("sipit.reproduce", fromlist=["main"]).main(args))
 

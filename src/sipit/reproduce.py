@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .io import atomic_write, read_json, write_json
+from .io import SipitError, atomic_write, read_json, write_json
 
 PAPER_TABLE2 = {"hardprompts": (6132.59, 0.00), "bruteforce": (3889.61, 1.00), "sipit": (28.01, 1.00)}
 PAPER_SETUP = "GPT-2 small, 100 prompts of 20 tokens (90% natural, 10% random), one GPU"
@@ -324,5 +324,14 @@ def main(args) -> int:
     cfg = ReproduceConfig.quick_preset() if args.quick else ReproduceConfig()
     if args.model:
         cfg.model = args.model
+    if args.prompts is not None:
+        if args.prompts < 2:
+            raise SipitError("--prompts must be at least 2 (natural and random text)")
+        cfg.random = max(1, args.prompts // 10)
+        cfg.natural = f"prose:{args.prompts - cfg.random}"
+    if args.cap is not None:
+        if args.cap <= 0:
+            raise SipitError("--cap must be positive seconds")
+        cfg.bruteforce_seconds = cfg.hardprompts_seconds = args.cap
     run(cfg, args.output, command="sipit " + " ".join(sys.argv[1:]))
     return 0

@@ -85,7 +85,7 @@ def cmd_train(args):
 
 def cmd_counterexamples(args):
     cfg = CounterexampleConfig(model=_model(args, CounterexampleConfig().model), names=args.only, layers=args.layers,
-                               sigmas=args.sigmas, quant=args.quant, tol=args.tol, max_prompts=args.max_prompts)
+                               sigmas=args.sigmas, quant=args.quant, grid=args.grid, tol=args.tol, max_prompts=args.max_prompts)
     print(f"lab counterexamples: {cfg.model.describe()}")
     r = run_counterexamples(cfg, args.out)
     for item in r.items:
@@ -139,6 +139,8 @@ def add_lab_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--sigmas", type=_floats, default=CounterexampleConfig().sigmas,
                    help="perturbation scales, comma-separated (default 1e-5,1e-4,1e-3,1e-2)")
     s.add_argument("--quant", default="float8_e4m3fn", help="torch dtype of the quantized-states counterexample")
+    s.add_argument("--grid", type=float, default=6.0,
+                   help="quantized-weights counterexample: grid step in units of each matrix's mean |w|")
     s.set_defaults(fn=cmd_counterexamples)
 
     s = sub.add_parser("guarantee", help="invert every prompt with exhaustive SipIt: 100%% recovery in <= T·|V| steps (Thm 3.1)")

@@ -51,11 +51,22 @@ def zero_attention(lm: LM):
             w.zero_()
 
 
+@torch.no_grad()
+def quantize_weights(lm: LM, grid: float = 6.0):
+    """Round every weight matrix (embeddings included; norms and biases kept) to multiples of
+    grid × its mean |w|: an extremely coarse per-tensor fixed-point format, in which only the few
+    weights beyond grid/2 × mean |w| survive, as ±step (grid 6: ~3% non-zero)."""
+    for p in lm.model.parameters():
+        if p.dim() >= 2:
+            step = grid * p.abs().mean()
+            p.copy_(torch.round(p / step) * step)
+
+
 def cast(dtype: str) -> Callable[[Tensor], Tensor]:
     return lambda x: x.to(getattr(torch, dtype)).float()
 
 
-def catalogue(quant: str = "float8_e4m3fn") -> dict[str, Counterexample]:
+def catalogue(quant: str = "float8_e4m3fn", grid: float = 6.0) -> dict[str, Counterexample]:
     items = [
         Counterexample(
             "duplicate-embedding", "parameters drawn from a density: two embedding rows are equal (E[1] = E[0])",
@@ -73,6 +84,12 @@ def catalogue(quant: str = "float8_e4m3fn") -> dict[str, Counterexample]:
             "so the last state is a function of the last token and its position only",
             "2.2", "prompts of equal length with the same last token (any length on a rotary model)",
             edit=zero_attention),
+        Counterexample(
+            "quantized-weights", f"parameters drawn from a density: every weight matrix is rounded to a grid "
+            f"of {grid:g} × its mean |w|, a lattice point (measure zero) where most weights are exactly 0",
+            "2.2", "tokens whose embedding rows round to all zeros become one token; whatever else the "
+            "zeros make equal (the exhaustive check finds which)",
+            edit=lambda lm: quantize_weights(lm, grid)),
         Counterexample(
             "quantized-states", f"real-analytic map (Theorem 2.1): states are stored as {quant}, "
             "a piecewise-constant function with finitely many values",
@@ -96,6 +113,7 @@ class CounterexampleConfig:
     sigmas: list[float] = field(default_factory=lambda: [1e-5, 1e-4, 1e-3, 1e-2])  # perturbation scales tried
     perturb_seed: int = 1234
     quant: str = "float8_e4m3fn"  # dtype of the quantized-states counterexample
+    grid: float = 6.0  # quantized-weights: grid step in units of each matrix's mean |w|
     tol: float = 1e-6
     max_prompts: int = 300_000
     show: int = 3
@@ -164,7 +182,7 @@ def run_one(c: Counterexample, cfg: CounterexampleConfig, prompts: PromptSet) ->
 def run_counterexamples(cfg: CounterexampleConfig, out_dir=None) -> CounterexamplesResult:
     """Build each counterexample, find its collisions, perturb it; write results to out_dir."""
     t0 = time.perf_counter()
-    known = catalogue(cfg.quant)
+    known = catalogue(cfg.quant, cfg.grid)
     names = cfg.names or list(known)
     unknown = [n for n in names if n not in known]
     if unknown:
