@@ -104,6 +104,9 @@ class Gradient(Policy):
         # then the loop falls back to the rest of the vocabulary
 
 
+MAX_ANCHORS = 1024  # evaluated candidates kept per position for the learned policy's re-ranking
+
+
 class Learned(Policy):
     """Calibrated ranking (calibrate.ForwardModel): guesses every position at once, so the loop
     speculates; position 0 also gets certified lower bounds for every token from the table."""
@@ -123,19 +126,29 @@ class Learned(Policy):
         g0, self.d0, self.bounds0 = self.model.position0(self.target[0])
         rest, self.prior = self.model.guesses(self.target)
         self.guess = torch.cat([torch.tensor([g0]), rest])  # [T]
-        self.anchors = {}  # t -> (wrong id, its exact state at t on the verified prefix)
+        self.anchors = {}  # t -> [(ids [n], exact states [n, d] at t on the verified prefix)]
 
     def guesses(self, t, ids):
         return self.guess[t:]
 
     def observe(self, t, ids, states):
-        self.anchors.setdefault(t, (int(ids[0]), states[0].float()))
+        seen = self.anchors.setdefault(t, [])
+        if sum(len(i) for i, _ in seen) < MAX_ANCHORS:  # the fit saturates long before; bounds memory
+            seen.append((ids, states.to(torch.float32, copy=True)))
 
     def candidates(self, t, prefix):
         if t == 0:  # table distances: exact for the screened few, lower bounds for the rest
             yield from self.d0.argsort().split(self.config.batch_size)
         else:  # (the loop skips ids already tried)
-            yield from self.model.ranking(self.target, t, self.prior, self.config.batch_size, self.anchors.get(t))
+            cfg = self.config
+            sizes = [min(cfg.batch_size, cfg.first_batch * 4 ** k) for k in range(8)]
+            yield from self.model.ranking(self.target, t, self.prior, sizes, lambda: self._anchors(t))
+
+    def _anchors(self, t):
+        seen = self.anchors.get(t, [])
+        if not seen:
+            return torch.zeros(0, dtype=torch.long), self.target.new_zeros(0, self.target.shape[1])
+        return torch.cat([i for i, _ in seen]), torch.cat([h for _, h in seen])
 
     def lower_bounds(self, t):
         return self.bounds0 if t == 0 else None

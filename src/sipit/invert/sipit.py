@@ -281,6 +281,7 @@ class SipIt:
                 break
             rows = torch.cat([batch[:, None], continuation.expand(len(batch), -1)], 1) if lookahead else batch[:, None]
             h, grown = self._extend(prefix, rows)
+            self.policy.observe(t, batch, h[:, 0])
             d = rel_distance(h, self.target[t:t + rows.shape[1]])  # [B, k]
             evaluated.update(zip(batch.tolist(), d[:, 0].tolist()))
             passing = (d[:, 0] <= self.eps).nonzero().flatten()
