@@ -238,7 +238,7 @@ def test_gemma_default_policy_low_layer_with_bos():
 
 def test_learned_reranking_fits_offset_and_gain_from_evaluated_candidates(lm):
     """Anchors u with exact states W h(u) = b + s·P_u: the fit recovers (b, s), so the token whose
-    state is b + s·P_v ranks first; one anchor g is the plain shift r = W(ĥ − h(g)) + P_g."""
+    state is b + s·P_v ranks first; one anchor g is the plain shift r = W(ĥ − h(g)) + gain·P_g."""
     from sipit.invert.policies import make_policy
 
     fm = make_policy("learned", LayerTap(lm, 2), InvertConfig(**FAST)).model
@@ -254,5 +254,5 @@ def test_learned_reranking_fits_offset_and_gain_from_evaluated_candidates(lm):
     assert torch.allclose(y.double(), s * P[v], atol=1e-2 * float(P[v].norm()))
     assert int(fm.scores(target, 1, False, anchors=(u, states)).argmax()) == v
     y1, gain1 = fm.residual(target, 1, (u[:1], states[:1]))
-    assert gain1 == 1.0
-    assert torch.allclose(y1, (target[1] - states[0]) @ fm.c["white"] + fm.c["P"][1], atol=1e-4)
+    assert gain1 == fm.gain and 0 < fm.gain <= 1
+    assert torch.allclose(y1, (target[1] - states[0]) @ fm.c["white"] + fm.gain * fm.c["P"][1], atol=1e-4)

@@ -127,7 +127,8 @@ def fit_forward_model(tap: LayerTap, ids: Tensor, is_random: Tensor, table: Tens
 
 SCREEN_RANK = 128  # screening: scores and distances in the top principal subspace first ...
 SCREEN_TOP = 64  # ... then exact for this many best candidates per position
-SCREEN_VERSION = 2
+SCREEN_VERSION = 3
+GAINS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # candidate shrinkage of the token part, see add_screening
 
 
 def _principal_basis(rows: Tensor, k: int, center: Tensor | None = None) -> Tensor:
@@ -145,6 +146,10 @@ def add_screening(cal: dict[str, Tensor], tap: LayerTap, k: int = SCREEN_RANK) -
     subspace (a projection only shrinks distances: certified lower bounds), the whitened token
     predictions P, and (at the last layer) the LM head rows.
 
+    First the gain g of the token part, h_t ≈ context + g·P_v: the ridge predictions P are noisy, so
+    shrinking them (score 2 r·P_v − g‖P_v‖²) picks the true token more often; g is the best of GAINS
+    on fresh calibration positions (SmolLM2, held-out prompts, top-1: ℓ = 30 prose 74 → 76%, code
+    84 → 87%, random 59 → 65% at g = 0.7; ℓ = 15 prose 96 → 97%).
     The rank for P is the smallest of k, 2k, ... whose screened top-1 agrees with full scoring on
     ≥ 99.5% of fresh calibration positions (SmolLM2: 128 at ℓ = 15, but at ℓ = 1 the residuals are
     tiny, whitening spreads P over every direction and no low rank agrees: full scoring there).
@@ -159,7 +164,11 @@ def add_screening(cal: dict[str, Tensor], tap: LayerTap, k: int = SCREEN_RANK) -
     ids, is_random = calibration_ids(lm, 32 * SEQ_LEN, seed=1)
     H = tap.states(ids[:, :20]).float()
     r = (H[:, 1:] @ cal["white"] - H[:, :-1] @ cal["Bw"] - cal["cw"]).reshape(-1, d)  # [n, d]
-    full = (2 * r @ cal["P"].T - cal["P_sq"]).argmax(1)
+    truth = ids[:, 1:20].reshape(-1)
+    hits = {g: int(((2 * r @ cal["P"].T - g * cal["P_sq"]).argmax(1) == truth).sum()) for g in GAINS}
+    gain = max(GAINS, key=lambda g: (hits[g], g))  # ties: the least shrinkage
+    cal["gain"] = torch.tensor([gain])
+    full = (2 * r @ cal["P"].T - gain * cal["P_sq"]).argmax(1)
     basis = _principal_basis(cal["P"], d)  # all directions, by decreasing variance
     rank = k
     while True:
@@ -188,6 +197,7 @@ class ForwardModel:
         self.has_prior = "u_basis" in cal and "lm_gate" in cal
         self.unembed = lm.unembedding_rows() if self.has_prior else None
         self.t_proj_sq = (cal["t_proj"].double() ** 2).sum(1)  # [V]
+        self.gain = float(cal["gain"])  # shrinkage of the token part (add_screening)
 
     def position0(self, y: Tensor):
         """y [d] -> (guess, relative distances [V] (exact for a screened few, else lower bounds), bounds [V])."""
@@ -217,10 +227,10 @@ class ForwardModel:
         """Top-1 by the screened scores: r [n, d] -> ids [n]."""
         c = self.c
         if c["p_basis"].shape[1] == c["P"].shape[1]:  # full rank: score exactly
-            return (2 * r @ c["P"].T - c["P_sq"]).argmax(1)
-        approx = 2 * (r @ c["p_basis"]) @ c["p_proj"].T - c["P_sq"]  # [n, V]
+            return (2 * r @ c["P"].T - self.gain * c["P_sq"]).argmax(1)
+        approx = 2 * (r @ c["p_basis"]) @ c["p_proj"].T - self.gain * c["P_sq"]  # [n, V]
         top = approx.topk(min(SCREEN_TOP, approx.shape[1]), dim=1).indices  # [n, m]
-        exact = 2 * (c["P"][top] @ r[:, :, None])[..., 0] - c["P_sq"][top]  # [n, m]
+        exact = 2 * (c["P"][top] @ r[:, :, None])[..., 0] - self.gain * c["P_sq"][top]  # [n, m]
         return top.gather(1, exact.argmax(1, keepdim=True))[:, 0]
 
     def guesses(self, target: Tensor) -> tuple[Tensor, bool]:
@@ -236,10 +246,10 @@ class ForwardModel:
         logp_plain = (n * self.unembed[plain]).sum(1) - lse
         if float(logp_plain.mean()) <= float(c["lm_gate"]):
             return plain, False
-        w = 2 * float(c["lm_weight"])
-        approx = 2 * (r @ c["p_basis"]) @ c["p_proj"].T - c["P_sq"] + w * logits_approx
+        w, g = 2 * float(c["lm_weight"]), self.gain  # 2 × log-likelihood −‖r − g·P_v‖² + w · log p_LM
+        approx = g * (2 * (r @ c["p_basis"]) @ c["p_proj"].T - g * c["P_sq"]) + w * logits_approx
         top = approx.topk(min(SCREEN_TOP, approx.shape[1]), dim=1).indices
-        exact = 2 * (c["P"][top] @ r[:, :, None])[..., 0] - c["P_sq"][top]
+        exact = g * (2 * (c["P"][top] @ r[:, :, None])[..., 0] - g * c["P_sq"][top])
         exact = exact + w * (self.unembed[top] @ n[:, :, None])[..., 0]
         return top.gather(1, exact.argmax(1, keepdim=True))[:, 0], True
 
@@ -247,22 +257,23 @@ class ForwardModel:
         """(y, s): position t's whitened observation with the context part removed, and the gain of
         the token part, so that score(v) = −‖y − s·P_v‖².
 
-        Without anchors the context is predicted from ĥ_{t−1} (s = 1). With anchors — candidates u
-        already evaluated at t, ids [n] and exact states [n, d] on the verified prefix — it is
-        measured: W h_t(u) ≈ b + s·P_u by least squares over the anchors (one anchor: s = 1), and
+        Without anchors the context is predicted from ĥ_{t−1} (s = the calibrated gain). With
+        anchors — candidates u already evaluated at t, ids [n] and exact states [n, d] on the
+        verified prefix — it is measured: W h_t(u) ≈ b + s·P_u by least squares over the anchors
+        (one anchor: s = the calibrated gain), and
         y = W ĥ_t − b. At deep layers the token's effect shrinks in context (s < 1) and the fitted
         offset beats the predicted one: SmolLM2 ℓ = 30, positions missed by the first 16 candidates,
         the true token's median rank among the rest is 1 (fit) vs 28 (one anchor) vs 66 (none)."""
         c = self.c
         if anchors is None or len(anchors[0]) == 0:
-            return self.residuals(target[t - 1:t + 1])[0], 1.0
+            return self.residuals(target[t - 1:t + 1])[0], self.gain
         ids, states = anchors
         Y, X = states.float() @ c["white"], c["P"][ids]  # [n, d] each
-        s = 1.0
+        s = self.gain
         if len(ids) > 1:
             Xc, Yc = X - X.mean(0), Y - Y.mean(0)
             fit = float((Xc * Yc).sum() / (Xc * Xc).sum().clamp_min(1e-30))
-            s = fit if 0.05 < fit < 20 else 1.0  # degenerate fits (all anchors alike) keep s = 1
+            s = fit if 0.05 < fit < 20 else s  # degenerate fits (all anchors alike) keep the gain
         return target[t].float() @ c["white"] - (Y.mean(0) - s * X.mean(0)), s
 
     def scores(self, target: Tensor, t: int, prior: bool, ids: Tensor | None = None, anchors=None) -> Tensor:
