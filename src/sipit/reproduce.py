@@ -127,8 +127,13 @@ def _stats(result, capped_at: float | None = None, method: str | None = None) ->
                 projected_seconds_per_prompt=rate * (result.vocab_size + 1) / 2 * total / max(len(P), 1),
                 vocab_explored_pct=s["vocab_explored_pct"], forward_equivalents_per_prompt=s["forward_equivalents_per_prompt"],
                 calibration_seconds=result.calibration_seconds,
+                first_loss=[p.loss_curve[0] for p in P if p.loss_curve] or None,
                 final_loss=[min(p.loss_curve) for p in P if p.loss_curve] or None,
                 steps=[len(p.loss_curve) for p in P if p.loss_curve] or None)
+
+
+def _mean(xs) -> str:
+    return "–" if not xs else f"{statistics.mean(xs):.4g}"
 
 
 def _fmt(x, nd=2) -> str:
@@ -169,10 +174,12 @@ def inversion_table(cfg: ReproduceConfig, lm, layer: int, log) -> tuple[list[dic
                   f"{r['token_accuracy']:.2f} | {_fmt(r['accuracy_finished'])} | {r['exact_match']:.2f} | "
                   f"{r['finished_positions']}/{r['positions']} | {r['paper_seconds']:.2f} | {r['paper_accuracy']:.2f} |")
     bf = next(r for r in rows if r["key"] == "bruteforce")
+    hp = next(r for r in rows if r["key"] == "hardprompts")
     md.append(f"\nToken accuracy counts every position (unfinished = wrong); *accuracy over finished positions* "
               f"counts the positions a method returned a token for (BruteForce only returns verified tokens). "
               f"HardPrompts returns a token at every position: its best projected sequence "
-              f"(steps per prompt: {next(r for r in rows if r['key'] == 'hardprompts')['steps']}). "
+              f"(steps per prompt: {hp['steps']}; its loss, mean over prompts, went from {_mean(hp['first_loss'])} "
+              f"at the first step to {_mean(hp['final_loss'])} at the best step). "
               f"Uncapped, BruteForce would need ≈ {bf['projected_seconds_per_prompt']:.0f} s per prompt "
               f"(its measured seconds per forward pass × (|V|+1)/2 expected candidates × {cfg.length} positions). SipIt's one-time calibration: "
               f"{rows[-1]['calibration_seconds']:.1f} s (0 = cached), not included in its seconds.")
