@@ -24,6 +24,8 @@ def test_reproduce_tiny(tmp_path):
     assert set(methods) == {"hardprompts", "bruteforce", "sipit"}
     assert methods["sipit"]["exact_match"] == 1.0 and methods["sipit"]["token_accuracy"] == 1.0
     assert methods["bruteforce"]["accuracy_finished"] in (None, 1.0)  # only verified tokens
+    hp = methods["hardprompts"]  # PEZ really optimises: its best loss is below its first
+    assert hp["first_loss"] and all(best < first for first, best in zip(hp["first_loss"], hp["final_loss"]))
     assert {(r["layer"], r["length"]) for r in res.sweep} >= {(1, 6), (2, 6), (4, 6), (2, 10)}
     assert all(r["exact_match"] == 1.0 for r in res.sweep + res.vocab)
     md = (tmp_path / "tables.md").read_text()
