@@ -85,3 +85,15 @@ def test_cli_invert_baselines(tmp_path, policy):
     code = main(["invert", str(st), "--policy", policy, "--steps", "50", "--max-seconds", "20", "-q", "-o", str(out)])
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert summary["policy"] == policy and summary["prompts"] == 1 and code in (0, 1)
+
+
+def test_cli_hardprompts_failure_never_claims_unverified_tokens(tmp_path, capsys):
+    from sipit.cli import main
+
+    st = tmp_path / "s.safetensors"
+    assert main(["capture", "--model", "tiny-gpt2", "--layer", "2", "--text", "The cat sat", "-o", str(st)]) == 0
+    capsys.readouterr()
+    assert main(["invert", str(st), "--policy", "hardprompts", "--steps", "1", "-q", "-o", str(tmp_path / "r.jsonl")]) == 1
+    line = capsys.readouterr().out.split("\n")[0]
+    assert line.startswith("[0] FAILED") and "best sequence found, unverified" in line
+    assert "the first 3 token(s) were verified" not in line

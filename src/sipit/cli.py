@@ -106,7 +106,10 @@ def cmd_invert(args):
     summary_path = write_json(out.with_suffix(".summary.json"), summary)
     for i, p in enumerate(result.prompts):
         if p.status == "failed":
-            verified = f"; the first {len(p.ids)} token(s) were verified: {p.text!r}" if p.ids else ""
+            k = next((j for j, q in enumerate(p.positions) if q.token is None or q.distance > result.eps), len(p.ids))
+            verified = f"; the first {k} token(s) were verified: {lm.decode(p.ids[:k])!r}" if k else ""
+            if len(p.ids) > k:  # an optimisation baseline's best sequence: not a recovery
+                verified += f"; best sequence found, unverified: {p.text!r}"
             print(f"[{i}] FAILED: {p.message}{verified}")
         else:
             cls = "" if p.status == "ok" else " (ambiguous: duplicate-token class or near-collision, see results)"
