@@ -219,11 +219,11 @@ def test_cli_invert_roundtrip_and_failures(tmp_path, capsys):
 
 def test_certify_gives_every_position_a_margin(lm):
     ids, states = capture(lm, TEXT[:1], 2)
-    r = invert(lm, states, 2, InvertConfig(certify=8, **FAST), progress=False, true_ids=ids.tolist())
+    r = invert(lm, states, 2, InvertConfig(certify=40, **FAST), progress=False, true_ids=ids.tolist())
     p = r.prompts[0]
     assert p.exact
-    for q in p.positions:
-        assert q.margin is not None and q.margin > 100 * r.eps and q.margin_over >= 8
+    for q in p.positions:  # 40 > the learned policy's first ranking batch (16)
+        assert q.margin is not None and q.margin > 100 * r.eps and q.margin_over >= 40
 
 
 @pytest.mark.gemma

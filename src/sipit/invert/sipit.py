@@ -320,9 +320,12 @@ class SipIt:
             seen = torch.zeros(self.lm.vocab_size, dtype=torch.bool)
             seen[cls] = True
             queue = _Queue(self.policy.candidates(t, prefix.crop(t)), seen, k)
-            batch = queue.take(k)
-            if batch is None:
+            parts = []  # a policy may yield batches smaller than k
+            while sum(map(len, parts)) < k and (b := queue.take(k - sum(map(len, parts)))) is not None:
+                parts.append(b)
+            if not parts:
                 continue
+            batch = torch.cat(parts)
             h = self._extend(prefix.crop(t), batch[:, None])[0][:, 0]
             d = rel_distance(h, self.target[t])
             margin = float(d.min())
