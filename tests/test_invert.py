@@ -252,7 +252,7 @@ def test_learned_reranking_fits_offset_and_gain_from_evaluated_candidates(lm):
     y, gain = fm.residual(target, 1, (u, states))
     assert gain == pytest.approx(s, rel=1e-3)
     assert torch.allclose(y.double(), s * P[v], atol=1e-2 * float(P[v].norm()))
-    assert int(fm.scores(target, 1, False, anchors=(u, states)).argmax()) == v
+    assert int(fm.scores(target, 1, False, (u, states)).argmax()) == v
     y1, gain1 = fm.residual(target, 1, (u[:1], states[:1]))
     assert gain1 == fm.gain and 0 < fm.gain <= 1
     assert torch.allclose(y1, (target[1] - states[0]) @ fm.c["white"] + fm.gain * fm.c["P"][1], atol=1e-4)

@@ -17,6 +17,7 @@ inverted. Two artefacts:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import random
 import sysconfig
@@ -276,15 +277,13 @@ class ForwardModel:
             s = fit if 0.05 < fit < 20 else s  # degenerate fits (all anchors alike) keep the gain
         return target[t].float() @ c["white"] - (Y.mean(0) - s * X.mean(0)), s
 
-    def scores(self, target: Tensor, t: int, prior: bool, ids: Tensor | None = None, anchors=None) -> Tensor:
-        """Exact scores at position t ≥ 1 of the tokens ids [n] (default: every token). [n]"""
+    def scores(self, target: Tensor, t: int, prior: bool, anchors=None) -> Tensor:
+        """Exact scores of every token at position t ≥ 1: 2 × log-likelihood (+ the LM prior). [V]"""
         c = self.c
         y, g = self.residual(target, t, anchors)
-        P, P_sq = (c["P"], c["P_sq"]) if ids is None else (c["P"][ids], c["P_sq"][ids])
-        s = 2 * g * (P @ y) - g * g * P_sq
+        s = 2 * g * (c["P"] @ y) - g * g * c["P_sq"]
         if prior:
-            U = self.unembed if ids is None else self.unembed[ids]
-            s = s + 2 * float(c["lm_weight"]) * (U @ self._normed(target[t - 1]).float())
+            s = s + 2 * float(c["lm_weight"]) * (self.unembed @ self._normed(target[t - 1]).float())
         return s
 
     def ranking(self, target: Tensor, t: int, prior: bool, sizes, anchors):
@@ -296,12 +295,12 @@ class ForwardModel:
         V = self.c["P"].shape[0]
         given = torch.zeros(V, dtype=torch.bool)
         other = (not prior) if self.has_prior else False
-        for k, size in enumerate(_repeat_last(sizes)):
+        for size in itertools.chain(sizes, itertools.repeat(sizes[-1])):
             left = int((~given).sum())
             if left == 0:
                 return
             size = min(size, left)
-            main = self.scores(target, t, prior, None, anchors()).masked_fill(given, -float("inf"))
+            main = self.scores(target, t, prior, anchors()).masked_fill(given, -float("inf"))
             n_alt = size // 4 if (self.has_prior or len(anchors()[0])) else 0
             batch = main.topk(size - n_alt).indices
             given[batch] = True
@@ -310,14 +309,6 @@ class ForwardModel:
                 given[alt] = True
                 batch = torch.cat([batch, alt])
             yield batch
-
-
-def _repeat_last(sizes):
-    last = None
-    for last in sizes:
-        yield last
-    while True:
-        yield last
 
 
 LM_WEIGHT = 5.0  # at ℓ = L: log-likelihood + LM_WEIGHT · log p_LM(v | prefix) for text-like prompts
