@@ -42,3 +42,24 @@ def test_capture_records_precision(tmp_path):
     assert main(["capture", "--model", "tiny-gpt2", "--layer", "1", "--precision", "bf16", "--text", "ab", "-o", str(out)]) == 0
     s = load_states(out)
     assert s.precision == "bf16" and s.prompts[0].dtype.is_floating_point and s.meta["dtype"] == "bfloat16"
+
+
+def test_threads_before_or_after_the_command_and_the_makefile_commands_parse():
+    import re
+    import shlex
+    from pathlib import Path
+
+    from sipit.cli import build_parser
+
+    p = build_parser()
+    assert p.parse_args(["--threads", "1", "models"]).threads == 1
+    assert p.parse_args(["models", "--threads", "1"]).threads == 1
+    assert p.parse_args(["lab", "exhaustive", "--threads", "1"]).threads == 1
+    args, rest = p.parse_known_args(["bench", "tap", "--threads", "1", "--repeats", "2"])
+    assert args.threads == 1 and rest == ["--repeats", "2"]  # the benchmark gets its threads once
+    makefile = (Path(__file__).parents[1] / "Makefile").read_text()
+    commands = re.findall(r"\$\(VENV\)/bin/sipit (.+)", makefile)  # `make demo`, `make bench`
+    assert len(commands) == 2
+    for cmd in commands:
+        args, rest = p.parse_known_args(shlex.split(cmd.replace("$(THREADS)", "3")))
+        assert args.threads == 3 and "--threads" not in rest, cmd

@@ -369,7 +369,18 @@ def build_parser() -> argparse.ArgumentParser:
                                       "extra arguments go to the benchmark")
     s.add_argument("name", choices=[*BENCHMARKS, "all"])
     s.set_defaults(fn=cmd_bench, passthrough=True)
+    _threads_after_command(p)
     return p
+
+
+def _threads_after_command(parser: argparse.ArgumentParser) -> None:
+    """Accept `--threads N` after any (sub)command too: `sipit demo --threads 2` = `sipit --threads 2 demo`."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for s in action.choices.values():
+                if "--threads" not in s._option_string_actions:
+                    s.add_argument("--threads", type=int, default=argparse.SUPPRESS, help="torch threads (default 2)")
+                _threads_after_command(s)
 
 
 def main(argv=None) -> int:
