@@ -300,8 +300,9 @@ class ForwardModel:
             if left == 0:
                 return
             size = min(size, left)
-            main = self.scores(target, t, prior, anchors()).masked_fill(given, -float("inf"))
-            n_alt = size // 4 if (self.has_prior or len(anchors()[0])) else 0
+            seen = anchors()
+            main = self.scores(target, t, prior, seen).masked_fill(given, -float("inf"))
+            n_alt = size // 4 if (self.has_prior or len(seen[0])) else 0
             batch = main.topk(size - n_alt).indices
             given[batch] = True
             if n_alt:
