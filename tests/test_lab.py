@@ -133,6 +133,8 @@ def test_quantized_states_collide_and_stay_collided(tmp_path):
     assert {"result.json", "report.md", "counterexamples.png"} <= {f.name for f in tmp_path.iterdir()}
     with pytest.raises(LabError, match="dtype"):
         run_counterexamples(CounterexampleConfig(model=SMALL, quant="int8"))
+    with pytest.raises(LabError, match="grid"):
+        run_counterexamples(CounterexampleConfig(model=SMALL, names=["quantized-weights"], grid=0))
 
 
 # ---------------------------------------------------------------------------------------------- guarantee

@@ -189,6 +189,8 @@ def run_counterexamples(cfg: CounterexampleConfig, out_dir=None) -> Counterexamp
         raise LabError(f"unknown counterexample(s) {unknown}: choose from {', '.join(known)}")
     if not isinstance(getattr(torch, cfg.quant, None), torch.dtype) or not getattr(torch, cfg.quant).is_floating_point:
         raise LabError(f"--quant {cfg.quant!r} is not a torch float dtype (e.g. float8_e4m3fn, float8_e5m2, bfloat16)")
+    if not cfg.grid > 0:
+        raise LabError(f"--grid must be a positive multiple of the mean |w|, got {cfg.grid}")
     if not cfg.sigmas or min(cfg.sigmas) <= 0:
         raise LabError(f"perturbation scales must be positive, got {cfg.sigmas}")
     prompts = PromptSet(cfg.model.vocab, cfg.model.context)
