@@ -13,6 +13,7 @@ import torch
 from .io import SipitError
 
 BENCHMARKS = ("tap", "pairwise", "invert", "exhaustive")
+DEVICE_HELP = "auto (default: cuda when available, else cpu), cpu, cuda, cuda:N or mps"
 DEMO_TEXT = "The quick brown fox jumps over the lazy dog while the old farmer watches from the porch."
 
 
@@ -49,7 +50,7 @@ def cmd_capture(args):
     from .models import load_model
     from .states import save_states
 
-    lm = load_model(args.model, precision=args.precision)
+    lm = load_model(args.model, precision=args.precision, device=args.device)
     layer = lm.layer_index(args.layer)
     ids = _prompts(lm, args)
     t = time.perf_counter()
@@ -72,7 +73,7 @@ def cmd_invert(args):
     if model is None or layer is None:
         raise SipitError(f"{args.states} does not say which model/layer made it: give --model and --layer")
     final_norm = st.final_norm if args.final_norm is None else args.final_norm
-    lm = load_model(model, precision=args.precision or st.precision or "fp32")
+    lm = load_model(model, precision=args.precision or st.precision or "fp32", device=args.device)
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: the states file was made with another tokenizer than {model}'s", file=sys.stderr)
     prompts, eps = st.prompts, args.eps
@@ -130,7 +131,7 @@ def cmd_robustness(args):
     from .io import write_json
     from .models import load_model
 
-    lm = load_model(args.model, precision=args.precision)
+    lm = load_model(args.model, precision=args.precision, device=args.device)
     ids = [p.ids for p in sample(args.corpus, lm.tokenizer, args.length, seed=args.seed)]
     cfg = RobustConfig(sigmas=tuple(float(x) for x in args.sigmas.split(",")), trials=args.trials,
                        candidates=args.candidates, batch_size=args.batch_size, seed=args.seed)
@@ -159,7 +160,7 @@ def cmd_demo(args):
     from .states import load_states, save_states
 
     t = time.perf_counter()
-    lm = load_model(args.model or DEFAULT_MODEL)
+    lm = load_model(args.model or DEFAULT_MODEL, device=args.device)
     layer = lm.n_layers // 2
     print(f"model {lm.name}: {lm.n_layers} layers, d={lm.d_model}, V={lm.vocab_size} "
           f"(loaded in {time.perf_counter() - t:.1f}s)")
@@ -195,7 +196,7 @@ def cmd_collisions(args):
     from .collisions.sampled import SampledConfig, run
     from .models import load_model
 
-    lm = load_model(args.model, precision=args.precision)
+    lm = load_model(args.model, precision=args.precision, device=args.device)
     cfg = SampledConfig(corpus=args.corpus, length=args.length, layers=args.layers, seed=args.seed,
                         final_norm=args.final_norm, threshold=args.threshold, keep=args.keep,
                         batch_size=args.batch_size)
@@ -209,7 +210,7 @@ def cmd_exhaustive(args):
     from .collisions.exhaustive import ExhaustiveConfig, run
     from .models import load_model
 
-    lm = load_model(args.model, precision=args.precision)
+    lm = load_model(args.model, precision=args.precision, device=args.device)
     cfg = ExhaustiveConfig(prefixes=args.prefixes, layers=args.layers, source=args.source, corpus=args.corpus,
                            length=args.length, seed=args.seed, final_norm=args.final_norm,
                            threshold=args.threshold, keep=args.keep, batch_size=args.batch_size,
@@ -253,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="sipit", description="Invert language-model hidden states and test injectivity.")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("models", help="list embedded models and whether each is installed")
@@ -374,12 +376,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _threads_after_command(parser: argparse.ArgumentParser) -> None:
-    """Accept `--threads N` after any (sub)command too: `sipit demo --threads 2` = `sipit --threads 2 demo`."""
+    """Accept `--threads N` and `--device D` after any (sub)command too: `sipit demo --threads 2` =
+    `sipit --threads 2 demo`."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for s in action.choices.values():
                 if "--threads" not in s._option_string_actions:
                     s.add_argument("--threads", type=int, default=argparse.SUPPRESS, help="torch threads (default 2)")
+                if "--device" not in s._option_string_actions:
+                    s.add_argument("--device", default=argparse.SUPPRESS, help=DEVICE_HELP)
                 _threads_after_command(s)
 
 
@@ -390,6 +395,9 @@ def main(argv=None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     torch.set_num_threads(args.threads)
     try:
+        from .models import resolve_device
+
+        args.device = str(resolve_device(args.device))
         code = args.fn(args, rest) if getattr(args, "passthrough", False) else args.fn(args)
     except SipitError as e:
         print(f"sipit: error: {e}", file=sys.stderr)

@@ -76,6 +76,35 @@ class LM:
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
 
+    @property
+    def device(self) -> torch.device:
+        """Where the embedding lives: every tensor an algorithm makes for this model goes here."""
+        return self.embed.weight.device
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Content hash of the weights, tokenizer and precision: the key of every on-disk cache.
+
+        Never the spec name (one GGUF by name and by path is one model) nor an object id (Python
+        reuses ids). The embedding rows (the candidate set; duplicate classes depend on them bit for
+        bit) are hashed whole; every other tensor by name, shape, dtype, its float64 sum and sum of
+        squares and up to 4,096 evenly strided values. Edit weights in place? Delete the attribute
+        (`del lm.fingerprint`) to recompute it.
+        """
+        h = hashlib.sha256()
+        h.update(f"{self.precision}:{self.tokenizer_fingerprint}:{self.n_layers}".encode())
+        h.update(self.embed.weight.detach().float().cpu().contiguous().numpy().tobytes())
+        for name, t in sorted(self.model.state_dict().items()):
+            t = t.detach()
+            flat = t.reshape(-1)
+            step = max(1, flat.numel() // 4096)
+            h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+            if flat.numel() and flat.is_floating_point():
+                f64 = flat.double()
+                h.update(torch.stack([f64.sum(), f64.square().sum()]).cpu().numpy().tobytes())
+                h.update(flat[::step].float().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
+
     def layer_index(self, layer: int) -> int:
         """Normalise a layer index (negative counts from the end); raise on out of range."""
         if not -(self.n_layers + 1) <= layer <= self.n_layers:
@@ -171,8 +200,29 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def load_model(spec: str = DEFAULT_MODEL, *, precision: str = "fp32") -> LM:
-    """Load a model by spec (see module docstring) at a precision (see models/precision.py).
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """"auto" (or None) -> cuda when available, else cpu; "cpu", "cuda", "cuda:N", "mps" as given.
+
+    Raises ModelError for a device this machine does not have.
+    """
+    name = str(device or "auto")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ModelError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps") from e
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise ModelError(f"device {name!r} is not available here (torch sees "
+                         f"{torch.cuda.device_count()} CUDA device(s)); use --device cpu")
+    if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ModelError("device 'mps' is not available here; use --device cpu")
+    return dev
+
+
+def load_model(spec: str = DEFAULT_MODEL, *, precision: str = "fp32", device: str | torch.device | None = "cpu") -> LM:
+    """Load a model by spec (see module docstring) at a precision (see models/precision.py) onto a
+    device (see resolve_device; the CLI's default is "auto").
 
     Raises ModelError with a clear message.
     """
@@ -194,7 +244,11 @@ def load_model(spec: str = DEFAULT_MODEL, *, precision: str = "fp32") -> LM:
         lm = _load_gguf(Path(spec), name=spec)
     else:
         lm = _load_hf(spec)
-    return lm if precision == "fp32" else apply_precision(lm, precision)
+    lm = lm if precision == "fp32" else apply_precision(lm, precision)
+    dev = resolve_device(device)
+    if dev != lm.device:
+        lm.model.to(dev)
+    return lm
 
 
 def _embedded_gguf(name: str) -> Path:

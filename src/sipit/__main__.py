@@ -1,0 +1,6 @@
+"""`python -m sipit ...` = `sipit ...`."""
+import sys
+
+from .cli import main
+
+sys.exit(main())
