@@ -62,7 +62,7 @@ def cmd_capture(args):
 
 
 def cmd_invert(args):
-    from .invert import InvertConfig, invert
+    from .invert import InvertConfig, run
     from .io import write_json, write_jsonl
     from .models import load_model
     from .states import load_states
@@ -83,24 +83,20 @@ def cmd_invert(args):
 
         gen = torch.Generator().manual_seed(args.seed)
         prompts = [add_noise(s, args.noise, gen) for s in prompts]
-        eps = eps if eps is not None else args.noise * 1.01 + tolerance(prompts[0].dtype)
+        eps = eps if eps is not None else args.noise * 1.01 + tolerance(prompts[0].dtype, 1e-4)
         print(f"added relative noise sigma={args.noise:g} (seed {args.seed}); eps={eps:.3g}", file=sys.stderr)
-    if args.policy in ("bruteforce", "hardprompts"):  # the paper's baselines (invert/baselines.py)
-        from .invert.baselines import HardPromptsConfig, run_method
+    if args.policy == "hardprompts":  # the paper's PEZ baseline (invert/baselines.py)
+        from .invert.baselines import HardPromptsConfig
 
-        if args.policy == "hardprompts" and not args.quiet:
+        if not args.quiet:
             import logging
 
             logging.basicConfig(level=logging.INFO, format="%(message)s")
-        config = HardPromptsConfig(steps=args.steps, eps=eps) if args.policy == "hardprompts" else \
-            InvertConfig(eps=eps)
-        result = run_method(args.policy, lm, prompts, layer, final_norm=final_norm, max_seconds=args.max_seconds,
-                            config=config, progress=not args.quiet, true_ids=st.ids)
+        config = HardPromptsConfig(steps=args.steps, eps=eps, certify=args.certify)
     else:
-        config = InvertConfig(policy=args.policy, batch_size=args.batch_size, eps=eps,
-                              max_seconds=args.max_seconds)
-        result = invert(lm, prompts, layer, config, final_norm=final_norm, progress=not args.quiet,
-                        true_ids=st.ids)
+        config = InvertConfig(batch_size=args.batch_size, eps=eps, certify=args.certify)
+    result = run(args.policy, lm, prompts, layer, config, final_norm=final_norm, progress=not args.quiet,
+                 true_ids=st.ids, max_seconds=args.max_seconds)
     out = Path(args.output or Path(args.states).with_suffix(".results.jsonl"))
     summary = dict(states=str(args.states), noise=args.noise, **result.summary())
     write_jsonl(out, [p.to_json() for p in result.prompts])
@@ -113,7 +109,7 @@ def cmd_invert(args):
                 verified += f"; best sequence found, unverified: {p.text!r}"
             print(f"[{i}] FAILED: {p.message}{verified}")
         else:
-            cls = "" if p.status == "ok" else " (ambiguous: duplicate-token class or near-collision, see results)"
+            cls = "" if p.status == "ok" else f" (ambiguous: {p.message})"
             print(f"[{i}] recovered{cls}: {p.text!r}")
         if p.true_ids is not None:
             print(f"[{i}] original : {lm.decode(p.true_ids)!r}  -> {'exact' if p.exact else 'NOT exact'}")
@@ -288,7 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wall-clock cap per prompt (a capped prompt is reported failed with what it finished)")
     s.add_argument("--steps", type=int, default=None,
                    help="hardprompts: optimisation steps per prompt (default: the paper's T*|V|/4, see --max-seconds)")
-    s.add_argument("--eps", type=float, default=None, help="relative acceptance threshold (default from dtype)")
+    s.add_argument("--eps", type=float, default=None,
+                   help="relative acceptance threshold (default: measured recomputation noise x 20 + dtype rounding)")
+    s.add_argument("--certify", default="none", metavar="none|top:K|full",
+                   help="after recovery also evaluate the policy's top K others (top:K) or every token (full) at "
+                        "every position, to certify it; near-duplicate tokens are always checked (default none)")
     s.add_argument("--precision", default=None, choices=PRECISIONS,
                    help="model precision (default: the file's metadata, else fp32)")
     s.add_argument("-o", "--output", default=None, help="results JSONL (default STATES.results.jsonl); "

@@ -108,11 +108,11 @@ def _states(lm, layer: int, ids: list[list[int]]) -> list[torch.Tensor]:
 
 def _stats(result, capped_at: float | None = None, method: str | None = None) -> dict:
     """Per-method row: seconds mean ± std, accuracy over all / finished positions, exact match."""
-    from .invert.sipit import _n_correct
+    from .invert.result import n_correct
 
     P = result.prompts
     secs = [p.seconds for p in P]
-    correct = sum(_n_correct(p) for p in P)
+    correct = sum(n_correct(p) for p in P)
     total = sum(p.length for p in P)
     finished = sum(q.token is not None for p in P for q in p.positions)
     capped = sum("time cap" in p.message for p in P)
@@ -127,9 +127,9 @@ def _stats(result, capped_at: float | None = None, method: str | None = None) ->
                 projected_seconds_per_prompt=rate * (result.vocab_size + 1) / 2 * total / max(len(P), 1),
                 vocab_explored_pct=s["vocab_explored_pct"], forward_equivalents_per_prompt=s["forward_equivalents_per_prompt"],
                 calibration_seconds=result.calibration_seconds,
-                first_loss=[p.loss_curve[0] for p in P if p.loss_curve] or None,
-                final_loss=[min(p.loss_curve) for p in P if p.loss_curve] or None,
-                steps=[len(p.loss_curve) for p in P if p.loss_curve] or None)
+                first_loss=[p.loss_curve[0] for p in P if getattr(p, "loss_curve", None)] or None,
+                final_loss=[min(p.loss_curve) for p in P if getattr(p, "loss_curve", None)] or None,
+                steps=[len(p.loss_curve) for p in P if getattr(p, "loss_curve", None)] or None)
 
 
 def _mean(xs) -> str:
@@ -145,7 +145,8 @@ def _fmt(x, nd=2) -> str:
 
 def inversion_table(cfg: ReproduceConfig, lm, layer: int, log) -> tuple[list[dict], str]:
     from .invert import InvertConfig
-    from .invert.baselines import HardPromptsConfig, run_method
+    from .invert import run as run_method
+    from .invert.baselines import HardPromptsConfig
 
     prompts = _prompts(lm, cfg.natural, cfg.random, cfg.length, cfg.seed)
     ids = [p for _, p in prompts]
@@ -188,7 +189,7 @@ def inversion_table(cfg: ReproduceConfig, lm, layer: int, log) -> tuple[list[dic
 
 def sweep_table(cfg: ReproduceConfig, lm, mid: int, log) -> tuple[list[dict], str]:
     from .invert import InvertConfig
-    from .invert.baselines import run_method
+    from .invert import run as run_method
 
     L = lm.n_layers
     cells = [(layer, cfg.length) for layer in dict.fromkeys((1, mid, L))]
@@ -224,7 +225,7 @@ def sweep_table(cfg: ReproduceConfig, lm, mid: int, log) -> tuple[list[dict], st
 
 def vocab_table(cfg: ReproduceConfig, log) -> tuple[list[dict], str]:
     from .invert import InvertConfig
-    from .invert.baselines import run_method
+    from .invert import run as run_method
     from .models import load_model
 
     rows, skipped = [], []

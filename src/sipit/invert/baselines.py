@@ -18,40 +18,29 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ..models import LM, LayerTap, load_model
-from .sipit import InversionResult, InvertConfig, Position, PromptResult, _n_correct, as_prompts, invert
-from .verify import rel_distance, tolerance
+from ..models import LM, LayerTap
+from .certify import Certifier
+from .driver import bruteforce_config, run
+from .result import HardPromptsResult, Position, judge
+from .verify import rel_distance
 
 log = logging.getLogger("sipit.hardprompts")
-
-METHODS = ("sipit", "bruteforce", "hardprompts")
-
-
-# -- BruteForce --------------------------------------------------------------------------------
-
-
-def bruteforce_config(seed: int = 0, max_seconds: float | None = None, eps: float | None = None) -> InvertConfig:
-    """The engine configured as the paper's BruteForce: random order, one candidate per pass."""
-    return InvertConfig(policy="random", batch_size=1, first_batch=1, speculate=False, lookahead_tokens=0,
-                        seed=seed, max_seconds=max_seconds, eps=eps)
 
 
 def bruteforce(lm: LM | str, states, layer: int, final_norm: bool = False, seed: int = 0,
                max_seconds: float | None = None, eps: float | None = None, progress: bool = True,
-               true_ids=None) -> InversionResult:
+               true_ids=None):
     """states [T, d] / [B, T, d] / list of [T_i, d] -> InversionResult (policy "bruteforce").
 
     max_seconds caps each prompt; a capped prompt is "failed" with the positions it finished.
     """
-    r = invert(lm, states, layer, bruteforce_config(seed, max_seconds, eps), final_norm=final_norm,
+    return run("bruteforce", lm, states, layer, bruteforce_config(seed, max_seconds, eps), final_norm=final_norm,
                progress=progress, true_ids=true_ids)
-    r.policy = "bruteforce"
-    return r
 
 
 # -- HardPrompts (PEZ) -------------------------------------------------------------------------
@@ -67,18 +56,21 @@ class HardPromptsConfig:
     weight_decay: float = 0.1  # PEZ's default
     seed: int = 0  # random initial tokens
     log_every: int = 50  # log the loss every K steps (logger "sipit.hardprompts", INFO)
-    eps: float | None = None  # verification threshold of the answer; None: from the states' dtype
+    eps: float | None = None  # verification threshold of the answer; None: measured (eps.py)
+    certify: str = "none"  # certificates of a verified answer: "none" | "top:K" | "full" (certify.py)
 
 
 class HardPrompts:
-    """PEZ inversion for one (model, layer, norm); reusable across prompts."""
+    """PEZ inversion for one tap; reusable across prompts."""
 
-    def __init__(self, lm: LM, layer: int, config: HardPromptsConfig | None = None, final_norm: bool = False,
-                 eps: float | None = None):
-        self.lm, self.config = lm, config or HardPromptsConfig()
-        self.tap = LayerTap(lm, layer, final_norm=final_norm)
-        self.eps = eps if eps is not None else (self.config.eps or tolerance(torch.float32))
-        self.E = lm.embedding_rows().to(lm.dtype)  # [V, d]
+    name = "hardprompts"
+    calibration_seconds = 0.0
+
+    def __init__(self, lm: LM | None = None, layer: int | None = None, config: HardPromptsConfig | None = None,
+                 final_norm: bool = False, eps: float = 1e-4, tap=None):
+        self.tap = tap if tap is not None else LayerTap(lm, layer, final_norm=final_norm)
+        self.lm, self.config, self.eps = self.tap.lm, config or HardPromptsConfig(), eps
+        self.E = self.lm.embedding_rows().to(self.lm.dtype)  # [V, d]
         self.E_sq = (self.E.float() ** 2).sum(1)  # [V]
         self.scale = float(self.E.float().norm(dim=1).mean())
 
@@ -93,7 +85,7 @@ class HardPrompts:
         """
         return (((h.float() - target.float()) ** 2).sum(-1) / (target.float() ** 2).sum(-1).clamp_min(1e-30)).mean()
 
-    def invert_prompt(self, target: Tensor, true_ids: list[int] | None = None) -> PromptResult:
+    def invert_prompt(self, target: Tensor, true_ids: list[int] | None = None) -> HardPromptsResult:
         """target [T, d] (observed states) -> PromptResult with the best projected sequence."""
         cfg, t0 = self.config, time.perf_counter()
         T, V = target.shape[0], self.lm.vocab_size
@@ -134,61 +126,25 @@ class HardPrompts:
         positions = [Position(token=int(v), distance=float(dv), margin=None, margin_over=0, tried=int(k),
                               via="hardprompts") for v, dv, k in zip(best_ids.tolist(), d.tolist(), tried)]
         bad = int((d > self.eps).sum())
-        status = "ok" if bad == 0 else "failed"
+        cost = dict(forward_tokens=T * (n + 1), backward_tokens=T * n, tap_calls=n + 1)
+        if bad == 0:  # a verified sequence: its positions get the same certificates as SipIt's
+            Certifier(self.tap, self.eps, self.config.certify).certify(target, best_ids, positions, {}, cost)
         capped = n < steps and best_loss > 0.0
-        message = "" if bad == 0 else (("time cap reached; " if capped else "")
-                                       + f"{bad}/{T} positions of the best projected sequence are not within "
-                                       f"eps={self.eps:g} after {n} steps (best loss {best_loss:.4g})")
+        status, message = judge(positions, self.eps, "" if bad == 0 else (
+            ("time cap reached; " if capped else "") + f"{bad}/{T} positions of the best projected sequence are "
+            f"not within eps={self.eps:g} after {n} steps (best loss {best_loss:.4g})"))
         ids = best_ids.tolist()
-        r = PromptResult(ids=ids, text=self.lm.decode(ids), status=status, positions=positions,
-                         seconds=time.perf_counter() - t0, forward_tokens=T * (n + 1), backward_tokens=T * n,
-                         tap_calls=n + 1, length=T, message=message,
-                         true_ids=list(true_ids) if true_ids is not None else None, loss_curve=curve)
-        if true_ids is not None:
-            r.exact = _n_correct(r) == T
-        return r
+        return HardPromptsResult(ids=ids, text=self.lm.decode(ids), status=status, positions=positions,
+                                 seconds=time.perf_counter() - t0, length=T, message=message,
+                                 true_ids=list(true_ids) if true_ids is not None else None, loss_curve=curve,
+                                 **cost).check()
 
 
 def hardprompts(lm: LM | str, states, layer: int, config: HardPromptsConfig | None = None, final_norm: bool = False,
-                progress: bool = True, true_ids=None) -> InversionResult:
+                progress: bool = True, true_ids=None):
     """states [T, d] / [B, T, d] / list of [T_i, d] -> InversionResult (policy "hardprompts")."""
-    from tqdm.auto import tqdm
-
-    config = config or HardPromptsConfig()
-    lm = load_model(lm) if isinstance(lm, str) else lm
-    layer = lm.layer_index(layer)
-    prompts = as_prompts(states, lm.d_model)
-    eps = config.eps if config.eps is not None else max(tolerance(s.dtype) for s in prompts)
-    engine = HardPrompts(lm, layer, config, final_norm=final_norm, eps=eps)
-    result = InversionResult(model=lm.name, layer=layer, final_norm=final_norm, policy="hardprompts", eps=eps,
-                             vocab_size=lm.vocab_size)
-    t0 = time.perf_counter()
-    for i, s in enumerate(tqdm(prompts, desc=f"hardprompts L{layer}", unit="prompt", disable=not progress)):
-        result.prompts.append(engine.invert_prompt(s, true_ids[i] if true_ids is not None else None))
-    result.seconds = time.perf_counter() - t0
-    return result
+    return run("hardprompts", lm, states, layer, config or HardPromptsConfig(), final_norm=final_norm,
+               progress=progress, true_ids=true_ids)
 
 
-def run_method(method: str, lm: LM, states, layer: int, *, final_norm: bool = False, max_seconds: float | None = None,
-               config: InvertConfig | HardPromptsConfig | None = None, progress: bool = True,
-               true_ids=None) -> InversionResult:
-    """One entry point for the three methods of Table 2 (sipit uses config or the default policy)."""
-    if method == "bruteforce":
-        eps = config.eps if config is not None else None
-        return bruteforce(lm, states, layer, final_norm, max_seconds=max_seconds, eps=eps, progress=progress,
-                          true_ids=true_ids)
-    if method == "hardprompts":
-        config = config if isinstance(config, HardPromptsConfig) else HardPromptsConfig()
-        if max_seconds is not None:
-            config = replace(config, max_seconds=max_seconds)
-        return hardprompts(lm, states, layer, config, final_norm, progress=progress, true_ids=true_ids)
-    if method == "sipit":
-        config = config if isinstance(config, InvertConfig) else InvertConfig()
-        if max_seconds is not None:
-            config = replace(config, max_seconds=max_seconds)
-        return invert(lm, states, layer, config, final_norm=final_norm, progress=progress, true_ids=true_ids)
-    raise ValueError(f"unknown method {method!r}: choose from {', '.join(METHODS)}")
-
-
-__all__ = ["HardPrompts", "HardPromptsConfig", "METHODS", "bruteforce", "bruteforce_config", "hardprompts",
-           "run_method"]
+__all__ = ["HardPrompts", "HardPromptsConfig", "bruteforce", "hardprompts"]

@@ -1,12 +1,11 @@
 """Candidate orderings for SipIt. A policy only decides what to try first; the loop verifies.
 
 Interface (all methods cheap unless noted):
-    begin(target [T, d])          a new prompt
+    begin(target [T, d], cost)    a new prompt; cost: the loop's counter (policies add backward_tokens)
     guesses(t, ids) -> [T-t] | None   top-1 guesses for positions t.. (speculation), or None
     candidates(t, prefix) -> iterator of id batches [B], best first (may be lazy and expensive)
     observe(t, ids [B], states [B, d])  wrong candidates' exact states at t on the verified prefix
     lower_bounds(t) -> [V] | None     certified lower bounds of every token's relative distance
-    cost                              dict the loop provides; policies add backward_tokens here
 
 Policies:
 - exhaustive: the whole vocabulary in id order (the paper's BruteForce, batched).
@@ -33,10 +32,9 @@ class Policy:
     def __init__(self, tap: LayerTap, config):
         self.tap, self.config = tap, config
         self.V = tap.lm.vocab_size
-        self.cost: dict = {}
 
-    def begin(self, target: Tensor) -> None:
-        self.target = target
+    def begin(self, target: Tensor, cost: dict) -> None:
+        self.target, self.cost = target, cost
 
     def guesses(self, t: int, ids: Tensor) -> Tensor | None:
         return None
@@ -78,12 +76,12 @@ class Gradient(Policy):
         self.scale = float(self.E.norm(dim=1).mean())
 
     def candidates(self, t, prefix):
-        cfg = self.config
+        cfg = self.config.gradient
         target = self.target[t]
         proposed = torch.zeros(self.V, dtype=torch.bool)
         e = self.E.mean(0).clone().requires_grad_(True)
-        opt = torch.optim.Adam([e], lr=cfg.grad_lr * self.scale)
-        for step in range(cfg.grad_steps):
+        opt = torch.optim.Adam([e], lr=cfg.lr * self.scale)
+        for step in range(cfg.steps):
             opt.zero_grad()
             h = self.tap.extend_embeds(prefix, e[None])[0]  # [d]
             loss = 0.5 * ((h - target) ** 2).sum() / (target ** 2).sum()
@@ -92,11 +90,11 @@ class Gradient(Policy):
             self.cost["forward_tokens"] += 1
             self.cost["tap_calls"] += 1
             opt.step()
-            if (step + 1) % cfg.grad_snap_every == 0:
+            if (step + 1) % cfg.snap_every == 0:
                 with torch.no_grad():  # nearest rows to e by Euclidean distance, unvisited only
                     d = self.E_sq - 2 * (self.E.double() @ e.detach().double())
                     d[proposed] = float("inf")
-                    batch = d.topk(min(cfg.grad_snap_k, int((~proposed).sum())), largest=False).indices
+                    batch = d.topk(min(cfg.snap_k, int((~proposed).sum())), largest=False).indices
                     batch = batch[d[batch] < float("inf")]
                 proposed[batch] = True
                 if len(batch):
@@ -120,8 +118,8 @@ class Learned(Policy):
         cal, self.calibration_seconds = load_or_fit(tap, config.calibration_tokens)
         self.model = ForwardModel(cal, tap.lm, tap.final_norm)
 
-    def begin(self, target):
-        super().begin(target)
+    def begin(self, target, cost):
+        super().begin(target, cost)
         self.target = target.float()
         g0, self.d0, self.bounds0 = self.model.position0(self.target[0])
         rest, self.prior = self.model.guesses(self.target)

@@ -37,7 +37,8 @@ import torch
 from torch import Tensor
 
 from ..models import LM, LayerTap
-from .sipit import InvertConfig, duplicate_classes
+from .config import InvertConfig
+from .verify import duplicate_classes
 
 
 @dataclass
@@ -143,8 +144,7 @@ class Robustness:
         alive = torch.ones(S * R, dtype=torch.bool)  # correct so far
         first_error: list[int | None] = [None] * (S * R)
         if self.policy is not None:
-            self.policy.cost = {"forward_tokens": 0, "backward_tokens": 0, "tap_calls": 0}
-            self.policy.begin(clean.to(self.lm.dtype))
+            self.policy.begin(clean.to(self.lm.dtype), {"forward_tokens": 0, "backward_tokens": 0, "tap_calls": 0})
         delta, recompute, n_cand = [], [], 0
         for t in range(T):
             prefix = self.tap.prefill(ids_t[:t])

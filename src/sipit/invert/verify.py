@@ -1,42 +1,43 @@
-"""What makes a recovered token certain: ε-acceptance, margins, duplicate-token classes.
+"""What makes a recovered token certain: ε-acceptance, certificates, duplicate and near-duplicate tokens.
 
-A candidate token v is *accepted* at position t when the state it produces on the verified prefix,
-recomputed through the layer tap, is within ε of the observed state, relatively:
+A candidate token v is *accepted* (verified) at position t when the state it produces on the
+verified prefix, recomputed through the tap, is within ε of the observed state, relatively:
 
     ‖h_t(π ⊕ v) − ĥ_t‖ / ‖ĥ_t‖ ≤ ε.
 
 ε is relative because state norms vary by orders of magnitude across positions, layers and models
-(position 0 of Llama-type models carries "massive activations"). The noise to tolerate is that of
-recomputation — KV cache vs one full forward, batched vs single — plus the rounding of the file's
-dtype; the gap to tolerate it against is the distance between the states of *different* tokens.
-Measured on SmolLM2 (float32, CPU): recomputation noise (speculative pass on a KV cache, batched
-candidates) vs one full forward ≤ 2e-6 relative at layers 1/15/30; the nearest other token is
-much farther except at position 0, where Llama-type models put a huge token-independent
-"attention sink" component: there the median nearest-token gap is 3e-3 at ℓ=15 (0.1% quantile
-1.4e-3), and two special tokens with near-identical dequantized embeddings sit 5e-6 apart (a real
-near-collision, reported as such). ε = 1e-4 is 50× the noise and 14× below the 0.1% gap.
-States stored in float16 / bfloat16 add their unit roundoff u (‖round(x) − x‖ ≤ u‖x‖).
+(position 0 of Llama-type models carries "massive activations"). It is *measured* (eps.py): the
+recomputation noise of the tap (KV cache vs one full forward, batched vs single) times a stated
+factor, plus the rounding of the observed states' dtype (`tolerance`).
 
-The *margin* of a position is the relative distance of the best other candidate that was actually
-evaluated (excluding the accepted token's duplicate class); `margin_over` says how many other
-tokens it covers. Tokens with bit-identical embedding rows produce identical states at every layer
-and every position: they form equivalence classes that no method can separate.
+A verified position is *certified* when every other token (outside the accepted token's class of
+bit-identical embedding rows) is shown to be farther than ε: by evaluation through the tap, or by a
+sound lower bound (the learned policy's position-0 table). Tokens whose embedding rows are almost
+identical (`near_neighbours`) are the likeliest to collide, so the loop always evaluates them.
+Tokens with bit-identical rows produce identical states everywhere: a class no method can split.
 """
 from __future__ import annotations
+
+import json
 
 import torch
 from torch import Tensor
 
-EPS_FLOAT32 = 1e-4
+from ..io import write_json
+from ..models.load import cache_dir
+
 UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8,
                  torch.float64: 2.0 ** -53}
+NEAR_REL = 1e-2  # embedding rows closer than this (relative) are near-duplicates, checked at every position
+NEAR_MAX = 64  # near-duplicates kept per token (the closest)
 
 
-def tolerance(dtype: torch.dtype = torch.float32) -> float:
-    """The relative acceptance threshold ε for states stored in `dtype`: rounding x to x̃ moves it
-    by ‖x̃ − x‖ ≤ u‖x‖, so a recomputation within ε₀ of x is within (ε₀ + u)/(1 − u) of x̃."""
+def tolerance(dtype: torch.dtype, eps0: float) -> float:
+    """ε for states stored in `dtype` when recomputation is within ε₀ (relative) of the exact state:
+    rounding x to x̃ moves it by ‖x̃ − x‖ ≤ u‖x‖, so a recomputation within ε₀ of x is within
+    (ε₀ + u)/(1 − u) of x̃."""
     u = UNIT_ROUNDOFF.get(dtype, 2.0 ** -8)
-    return (EPS_FLOAT32 + u) / (1 - u)
+    return (eps0 + u) / (1 - u)
 
 
 def rel_distance(h: Tensor, target: Tensor) -> Tensor:
@@ -58,7 +59,7 @@ class DuplicateClasses:
     def __init__(self, embeddings: Tensor):
         """embeddings [V, d]"""
         V = embeddings.shape[0]
-        bits = embeddings.detach().float().contiguous().view(torch.int32)  # exact equality = equal bits
+        bits = embeddings.detach().float().cpu().contiguous().view(torch.int32)  # exact equality = equal bits
         weights = torch.randint(1, 2 ** 61, (bits.shape[1],), generator=torch.Generator().manual_seed(0)) | 1
         key = torch.cat([(chunk.long() * weights).sum(1) for chunk in bits.split(8192)])  # wraps mod 2^64
         self.rep = torch.arange(V)
@@ -86,3 +87,63 @@ class DuplicateClasses:
 
     def __repr__(self):
         return f"DuplicateClasses({len(self.classes)} classes, {self.n_duplicates} ids)"
+
+
+def near_neighbours(embeddings: Tensor, dups: DuplicateClasses, rel: float = NEAR_REL,
+                    k_max: int = NEAR_MAX) -> dict[int, list[int]]:
+    """token -> the other tokens (outside its duplicate class) whose embedding row is within
+    rel·‖row‖, closest first, at most k_max. Empty for almost every token of a trained model.
+
+    Sound screen: project the (centred) rows onto their principal axes (an orthogonal projection
+    never increases a distance); sorted by the first coordinate, a row's partners lie in a window
+    of ±radius, so each block of rows is compared only with its window, in float64; survivors are
+    checked exactly. embeddings [V, d]; ~V × (mean window) work, a few seconds for V = 49,152.
+    """
+    E = embeddings.detach().double().cpu()
+    radius = rel * E.norm(dim=1)  # [V] relative to each token's own row
+    E = E - E.mean(0)  # distances unchanged
+    basis = torch.linalg.svd(E[:: max(1, len(E) // 4096)], full_matrices=False)[2][:32].T  # [d, k] orthonormal
+    P = E @ basis  # [V, k]
+    order = P[:, 0].argsort()
+    Ps, rs, first = P[order], radius[order] * (1 + 1e-9), P[order, 0]
+    lo = torch.searchsorted(first, first - rs)
+    hi = torch.searchsorted(first, first + rs, right=True)
+    pairs = []
+    for start in range(0, len(E), 512):
+        rows = slice(start, start + 512)
+        a0, b0 = int(lo[rows].min()), int(hi[rows].max())
+        i, j = (torch.cdist(Ps[rows], Ps[a0:b0]) <= rs[rows, None]).nonzero().unbind(1)
+        pairs.append(torch.stack([order[start + i], order[a0 + j]], 1))
+    a, b = torch.cat(pairs).unbind(1)
+    keep = dups.rep[a] != dups.rep[b]  # also drops a == b
+    a, b = a[keep], b[keep]
+    dist = (E[a] - E[b]).norm(dim=1)
+    near = dist <= radius[a]
+    out: dict[int, list] = {}
+    for u, v, dv in zip(a[near].tolist(), b[near].tolist(), dist[near].tolist()):
+        out.setdefault(u, []).append((dv, v))
+    return {u: [v for _, v in sorted(vs)[:k_max]] for u, vs in out.items()}
+
+
+_CACHE: dict[tuple[str, str], object] = {}
+
+
+def duplicate_classes(lm) -> DuplicateClasses:
+    """Duplicate-row classes of lm's embeddings, cached by the weights fingerprint."""
+    key = (lm.fingerprint, "dups")
+    if key not in _CACHE:
+        _CACHE[key] = DuplicateClasses(lm.embedding_rows())
+    return _CACHE[key]
+
+
+def near_duplicates(lm) -> dict[int, list[int]]:
+    """near_neighbours of lm's embedding rows, cached by the weights fingerprint."""
+    key = (lm.fingerprint, "near")
+    if key not in _CACHE:
+        path = cache_dir() / "near" / f"v1-{lm.fingerprint}-{NEAR_REL:g}.json"
+        try:
+            _CACHE[key] = {int(u): v for u, v in json.loads(path.read_text()).items()}
+        except (OSError, ValueError):
+            _CACHE[key] = near_neighbours(lm.embedding_rows(), duplicate_classes(lm))
+            write_json(path, _CACHE[key])
+    return _CACHE[key]

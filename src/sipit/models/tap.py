@@ -140,6 +140,16 @@ class LayerTap:
         self.layer = lm.layer_index(layer)
         self.final_norm = final_norm
 
+    @property
+    def dim(self) -> int:
+        """Size of one observed vector (what SipIt compares): the model width for raw states."""
+        return self.lm.d_model
+
+    @property
+    def key(self) -> str:
+        """What this tap observes, for caches keyed by (lm.fingerprint, key): e.g. "L15", "L30n"."""
+        return f"L{self.layer}" + ("n" if self.final_norm else "")
+
     def __repr__(self):
         return f"LayerTap({self.lm.name}, layer={self.layer}, final_norm={self.final_norm})"
 

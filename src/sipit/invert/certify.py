@@ -1,0 +1,113 @@
+"""Certificates of recovered positions: which other tokens were shown to be farther than ε.
+
+After a prompt is recovered, every accepted position t evaluates, on its verified prefix, the
+alternatives a certificate needs:
+- always: the token's near-duplicate embedding rows (verify.near_duplicates: the likeliest
+  collisions) and the tokens a policy's lower bounds cannot exclude (closest BOUND_CHECK_MAX);
+- `certify="top:K"`: the policy's K best-ranked others; `certify="full"`: the whole vocabulary.
+Then margin = min over the other tokens covered (evaluated distance, or lower bound), and the
+position is *certified* when that covers every token outside the duplicate class and margin > ε.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .config import certify_top
+from .result import Position
+from .verify import duplicate_classes, near_duplicates, rel_distance
+
+BOUND_CHECK_MAX = 4096  # tokens a lower bound cannot exclude, evaluated per position (closest first)
+
+
+class Certifier:
+    def __init__(self, tap, eps: float, certify: str = "none", batch_size: int = 256):
+        self.tap, self.lm, self.eps, self.batch_size = tap, tap.lm, eps, batch_size
+        self.top = certify_top(certify, self.lm.vocab_size)
+        self.dups, self.near = duplicate_classes(self.lm), near_duplicates(self.lm)
+
+    def certify(self, target: Tensor, ids: Tensor, positions: list[Position], evaluated: dict, cost: dict,
+                policy=None) -> None:
+        """Fill the certificate of every accepted position. target [T, dim]; ids [T] recovered;
+        evaluated: t -> {id: distance} already known (updated); cost: forward_tokens / tap_calls (updated)."""
+        V = self.lm.vocab_size
+        for t, q in enumerate(positions):
+            if q.token is None:
+                continue
+            known = evaluated.setdefault(t, {})
+            skip = torch.zeros(V, dtype=torch.bool)
+            skip[self.dups.members(q.token) + list(known)] = True
+            bounds = policy.lower_bounds(t) if policy is not None else None
+            if bounds is not None:
+                bounds = bounds.cpu()
+                skip |= bounds > self.eps  # soundly excluded already
+            extra = [torch.tensor(self.near.get(q.token, []), dtype=torch.long)]
+            if bounds is not None:
+                open_ = (~skip).nonzero().flatten()
+                extra.append(open_[bounds[open_].argsort()[:BOUND_CHECK_MAX]])
+            if self.top:
+                ranked = policy.candidates(t, self.tap.prefill(ids[:t])) if policy is not None else iter(())
+                queue = Queue(ranked, skip.clone())
+                extra += list(iter(lambda: queue.take(self.top - queue.taken), None))
+            cand = torch.cat(extra)
+            cand = cand[~skip[cand]].unique()
+            if len(cand):
+                prefix = self.tap.prefill(ids[:t])
+                for batch in cand.split(self.batch_size):
+                    h = self.tap.extend(prefix, batch[:, None].to(self.lm.device))[:, 0]
+                    known.update(zip(batch.tolist(), rel_distance(h, target[t]).cpu().tolist()))
+                    cost["forward_tokens"] += len(batch)
+                    cost["tap_calls"] += 1
+                q.tried += len(cand)
+            self.certificate(q, known, bounds)
+
+    def certificate(self, q: Position, evaluated: dict[int, float], bounds: Tensor | None) -> None:
+        """margin, margin_over, certified(_by), duplicates, also_within_eps of an accepted position from
+        the distances evaluated there and lower bounds [V] for the rest."""
+        cls = self.dups.members(q.token)
+        others = {u: du for u, du in evaluated.items() if u not in cls}
+        margin = min(others.values(), default=None)
+        by_bound = 0
+        if bounds is not None:  # tokens never evaluated but certified to be at least this far
+            mask = torch.ones(len(bounds), dtype=torch.bool)
+            mask[cls + list(others)] = False
+            if mask.any():
+                lb, by_bound = float(bounds[mask].min()), int(mask.sum())
+                margin = lb if margin is None else min(margin, lb)
+        q.margin, q.margin_over = margin, len(others) + by_bound
+        q.certified = q.margin_over == self.lm.vocab_size - len(cls) and margin is not None and margin > self.eps
+        q.certified_by = None
+        if q.certified:
+            q.certified_by = "bound" if not others else "evaluated" if not by_bound else "evaluated+bound"
+        q.duplicates = cls if len(cls) > 1 else None
+        q.also_within_eps = sorted(u for u, du in others.items() if du <= self.eps) or None
+
+
+class Queue:
+    """Candidate ids from a policy's batches, each id at most once, skipping `seen` ones; when the
+    policy runs out, the rest of the vocabulary in id order."""
+
+    def __init__(self, batches, seen: Tensor):
+        self.batches, self.seen = batches, seen
+        self.buffer = torch.zeros(0, dtype=torch.long)
+        self.taken = 0
+
+    def take(self, n: int) -> Tensor | None:
+        """Up to n ids (None when nothing is left or n ≤ 0)."""
+        while len(self.buffer) == 0 and n > 0:
+            batch = next(self.batches, None)
+            if batch is None:
+                batch = (~self.seen).nonzero().flatten()
+                if len(batch) == 0:
+                    return None
+            batch = torch.as_tensor(batch, dtype=torch.long).cpu().flatten()
+            batch = batch[~self.seen[batch]]
+            keep = torch.zeros(len(batch), dtype=torch.bool)  # first occurrence of each id, in order
+            keep[sorted({v: i for i, v in reversed(list(enumerate(batch.tolist())))}.values())] = True
+            self.buffer = batch[keep]
+        if n <= 0:
+            return None
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        self.seen[out] = True
+        self.taken += len(out)
+        return out

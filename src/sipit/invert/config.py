@@ -1,0 +1,47 @@
+"""Settings of the SipIt loop (nested per policy, like nanoGCG's ProbeSamplingConfig) and its input errors."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..io import SipitError
+
+
+class InversionError(SipitError, ValueError):
+    """Input that cannot be inverted at all (shape, emptiness); the message says why."""
+
+
+@dataclass
+class GradientConfig:
+    """The gradient policy's settings (the paper's policy)."""
+
+    steps: int = 200  # steps before falling back to exhaustive order
+    lr: float = 0.1  # Adam step, relative to the mean embedding norm
+    snap_every: int = 1  # propose candidates every K steps
+    snap_k: int = 8  # nearest unvisited rows proposed per snap
+
+
+@dataclass
+class InvertConfig:
+    policy: str = "learned"  # exhaustive | random | gradient | learned (policies.py), or a Policy class
+    eps: float | None = None  # relative acceptance threshold; None: measured (eps.py)
+    certify: str = "none"  # "none" | "top:K" | "full": alternatives evaluated at every position after recovery
+    batch_size: int = 256  # candidates per forward pass when searching a position
+    speculate: bool = True  # verify a policy's whole-sequence guesses in one pass, if it makes any
+    lookahead_tokens: int = 32  # first search batch: candidates × (1 + guessed continuation) tokens
+    first_batch: int = 16  # then candidate batches of 16, 64, 256, ... up to batch_size
+    max_candidates: int | None = None  # per position; None: the whole vocabulary before failing
+    max_seconds: float | None = None  # per prompt wall-clock cap; a capped prompt ends "failed" (message says so)
+    seed: int = 0  # random policy
+    gradient: GradientConfig = field(default_factory=GradientConfig)
+    calibration_tokens: int = 49_152  # learned policy: text + random-id tokens to fit on (one-time)
+
+
+def certify_top(certify: str, vocab_size: int) -> int:
+    """"none" -> 0, "top:K" -> K, "full" -> vocab_size; anything else raises InversionError."""
+    if certify == "none":
+        return 0
+    if certify == "full":
+        return vocab_size
+    if certify.startswith("top:") and certify[4:].isdigit() and int(certify[4:]) > 0:
+        return int(certify[4:])
+    raise InversionError(f"bad certify mode {certify!r}: expected none, top:K (K > 0) or full")

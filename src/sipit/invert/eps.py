@@ -1,0 +1,101 @@
+"""ε measured, not assumed: the recomputation noise of a tap, per position, and the ε it implies.
+
+The loop recomputes states along other paths than the one that produced the observation: a KV
+cache and a speculative multi-token pass instead of one full forward, candidate batches instead of
+a single sequence, and the observation itself may come from a batched forward. On a few seeded
+random-id calibration prompts, every path is compared with one single full forward *per position*
+(one norm over a whole [T, d] tensor would be dominated by position 0's massive activation):
+
+    noise_t = max over paths and prompts of ‖h_t(path) − h_t(full)‖ / ‖h_t(full)‖
+    ε       = tolerance(dtype, FACTOR × max(max_t noise_t, FLOOR_ULPS × u_model))  (+ the dtype rounding)
+
+Measured once per (weights fingerprint, tap key, dtype, device, batch size) and cached on disk.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..io import write_json
+from ..models.load import cache_dir
+from .verify import UNIT_ROUNDOFF, rel_distance, tolerance
+
+VERSION = 1
+FACTOR = 20.0  # ε = FACTOR × the largest measured noise: headroom for paths and prompts not measured
+N_PROMPTS, LENGTH = 2, 24  # calibration prompts (seeded uniform random ids)
+FLOOR_ULPS = 16  # noise is at least this many unit roundoffs of the model's dtype (a path may be bit-exact
+#                  on the calibration prompts and not on others)
+
+
+@dataclass
+class Tolerance:
+    """The acceptance threshold of one (tap, dtype) and where it comes from."""
+
+    eps: float
+    noise: float | None  # largest relative recomputation noise measured (None: ε given by the user)
+    noise_per_position: list[float] | None  # max over paths and prompts, position t of the calibration prompts
+    factor: float | None
+    dtype_roundoff: float  # unit roundoff of the observed states' dtype
+    source: str  # "measured" | "given"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@torch.no_grad()
+def measure_noise(tap, batch_size: int = 256) -> list[float]:
+    # (candidate batches of 64 and of 256 rows measured the same noise on SmolLM2 layers 15 and 30)
+    """Relative recomputation noise per position t < LENGTH, max over every path the loop uses. [LENGTH]"""
+    lm = tap.lm
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(lm.vocab_size, (N_PROMPTS, LENGTH), generator=g).to(lm.device)
+    batched = tap.states(ids)  # [N, T, d]: observations captured in a batch
+    noise = torch.zeros(LENGTH, dtype=torch.float64)
+    half = LENGTH // 2
+    for i in range(N_PROMPTS):
+        ref = tap.states(ids[i])  # [T, d] one single full forward
+        noise = torch.maximum(noise, rel_distance(batched[i], ref).cpu())
+        h, _ = tap.extend(tap.prefill(ids[i, :0]), ids[i][None], keep=True)  # speculation from nothing
+        noise = torch.maximum(noise, rel_distance(h[0], ref).cpu())
+        h, _ = tap.extend(tap.prefill(ids[i, :half]), ids[i, half:][None], keep=True)  # on a KV cache
+        noise[half:] = torch.maximum(noise[half:], rel_distance(h[0], ref[half:]).cpu())
+        for t in (0, 1, LENGTH - 1):  # the true token inside candidate batches of several sizes
+            prefix = tap.prefill(ids[i, :t])
+            for size in sorted({2, 16, min(64, batch_size)}):
+                cand = torch.randint(lm.vocab_size, (size,), generator=g).to(lm.device)
+                j = int(torch.randint(size, (1,), generator=g))
+                cand[j] = ids[i, t]
+                h = tap.extend(prefix, cand)  # [B, d]
+                noise[t] = max(float(noise[t]), float(rel_distance(h[j], ref[t])))
+    return noise.tolist()
+
+
+_MEMO: dict[str, list[float]] = {}
+
+
+def noise_profile(tap, batch_size: int = 256) -> list[float]:
+    """measure_noise, cached by (fingerprint, tap key, model dtype, device, batch size) in memory and on disk."""
+    lm = tap.lm
+    name = f"v{VERSION}-{lm.fingerprint}-{tap.key}-{str(lm.dtype).split('.')[-1]}-{lm.device.type}-b{batch_size}"
+    if name not in _MEMO:
+        path = cache_dir() / "eps" / f"{name}.json"
+        try:
+            _MEMO[name] = json.loads(path.read_text())["noise_per_position"]
+        except (OSError, ValueError, KeyError):
+            _MEMO[name] = measure_noise(tap, batch_size)
+            write_json(path, dict(noise_per_position=_MEMO[name], tap=tap.key, fingerprint=lm.fingerprint))
+    return _MEMO[name]
+
+
+def tolerance_for(tap, dtypes, eps: float | None = None, batch_size: int = 256) -> Tolerance:
+    """The Tolerance for observed states of `dtypes` (the coarsest wins); `eps` given: used as is."""
+    u = max(UNIT_ROUNDOFF.get(dt, 2.0 ** -8) for dt in dtypes)
+    if eps is not None:
+        return Tolerance(eps=eps, noise=None, noise_per_position=None, factor=None, dtype_roundoff=u, source="given")
+    per_position = noise_profile(tap, batch_size)
+    noise = max(max(per_position), FLOOR_ULPS * UNIT_ROUNDOFF.get(tap.lm.dtype, 2.0 ** -8))
+    coarsest = max(dtypes, key=lambda dt: UNIT_ROUNDOFF.get(dt, 2.0 ** -8))
+    return Tolerance(eps=tolerance(coarsest, FACTOR * noise), noise=noise, noise_per_position=per_position,
+                     factor=FACTOR, dtype_roundoff=u, source="measured")
