@@ -4,8 +4,9 @@ import logging
 import pytest
 import torch
 
-from sipit.invert import InversionResult, PromptResult
-from sipit.invert.baselines import HardPromptsConfig, bruteforce, bruteforce_config, hardprompts, run_method
+from sipit.invert import METHODS, HardPromptsResult, InversionError, InversionResult, PromptResult, run
+from sipit.invert.baselines import HardPromptsConfig, bruteforce, hardprompts
+from sipit.invert.driver import bruteforce_config
 from sipit.models import LayerTap, load_model
 
 torch.set_num_threads(1)
@@ -54,23 +55,28 @@ def test_hardprompts_loss_decreases_and_standard_format(lm, caplog):
     assert r.policy == "hardprompts" and len(r.prompts) == 2
     assert any("loss" in m for m in caplog.messages)
     for p, true in zip(r.prompts, ids.tolist()):
+        assert isinstance(p, HardPromptsResult)
         curve = p.loss_curve
         assert 1 <= len(curve) <= 60 and min(curve) < curve[0]  # the optimisation makes progress
-        assert len(p.ids) == len(true) == len(p.positions) and p.status in ("ok", "failed")
+        assert len(p.ids) == len(true) == len(p.positions)
         assert all(q.token is not None and q.via == "hardprompts" for q in p.positions)
-        assert p.exact == (p.ids == true)
+        verified = all(q.distance <= r.eps for q in p.positions)
+        assert p.status == ("ok" if verified else "failed")  # ok exactly when every position verifies
+        assert p.exact == (p.ids == true and verified)
         assert "loss_curve" in p.to_json()
     s = r.summary()
-    assert 0.0 <= s["token_accuracy"] <= 1.0 and s["prompts"] == 2
+    correct = sum(a == b for p, t in zip(r.prompts, ids.tolist()) for a, b in zip(p.ids, t))
+    assert s["token_accuracy"] == correct / ids.numel() and s["prompts"] == 2
 
 
-def test_run_method_dispatch(lm):
+def test_one_dispatch_for_every_method(lm):
     ids, states = capture(lm, 1, n=4)
-    for method in ("sipit", "bruteforce", "hardprompts"):
-        r = run_method(method, lm, states[:1], 1, max_seconds=20, progress=False, true_ids=ids[:1].tolist())
-        assert r.prompts[0].length == 4
-    with pytest.raises(ValueError):
-        run_method("nope", lm, states, 1)
+    for method in METHODS:
+        r = run(method, lm, states[:1], 1, max_seconds=20, progress=False, true_ids=ids[:1].tolist())
+        assert r.prompts[0].length == 4 and r.policy == ("learned" if method == "sipit" else method)
+        assert r.prompts[0].seconds <= 25  # the cap reached every engine
+    with pytest.raises(InversionError, match="unknown method"):
+        run("nope", lm, states, 1)
 
 
 @pytest.mark.parametrize("policy", ["bruteforce", "hardprompts"])
@@ -82,9 +88,13 @@ def test_cli_invert_baselines(tmp_path, policy):
     st = tmp_path / "s.safetensors"
     assert main(["capture", "--model", "tiny-gpt2", "--layer", "2", "--text", "The cat", "-o", str(st)]) == 0
     out = tmp_path / "r.jsonl"
-    code = main(["invert", str(st), "--policy", policy, "--steps", "50", "--max-seconds", "20", "-q", "-o", str(out)])
+    cap = ["--steps", "50", "--max-seconds", "20"] if policy == "hardprompts" else []  # bruteforce: must finish
+    code = main(["invert", str(st), "--policy", policy, *cap, "-q", "-o", str(out)])
     summary = json.loads(out.with_suffix(".summary.json").read_text())
-    assert summary["policy"] == policy and summary["prompts"] == 1 and code in (0, 1)
+    assert summary["policy"] == policy and summary["prompts"] == 1
+    assert code == (1 if summary["failed"] else 0) and summary["failed"] + summary["ok"] + summary["ambiguous"] == 1
+    if policy == "bruteforce":  # 7 byte tokens of a 256-token vocabulary, no cap
+        assert code == 0 and summary["exact_match_rate"] == 1.0
 
 
 def test_cli_hardprompts_failure_never_claims_unverified_tokens(tmp_path, capsys):

@@ -108,10 +108,9 @@ def cached_json(path: Path, compute):
 
 def embedding_classes(lm) -> torch.Tensor:
     """For every token id, the smallest id with an identical embedding row. -> [V] long"""
-    _, inv = torch.unique(lm.embedding_rows(), dim=0, return_inverse=True)
-    canon = torch.full((int(inv.max()) + 1,), len(inv), dtype=torch.long)
-    canon.scatter_reduce_(0, inv, torch.arange(len(inv)), reduce="amin")
-    return canon[inv]
+    from ..invert.verify import duplicate_classes  # the one definition of duplicate tokens
+
+    return duplicate_classes(lm).rep.clone()
 
 
 def group_ids(keys: list) -> torch.Tensor:

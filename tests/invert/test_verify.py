@@ -1,0 +1,63 @@
+"""Acceptance threshold, duplicate and near-duplicate tokens, measured recomputation noise."""
+import math
+
+import torch
+
+from sipit.invert import InvertConfig, invert, rel_distance, tolerance
+from sipit.invert.eps import FACTOR, measure_noise, tolerance_for
+from sipit.invert.verify import DuplicateClasses, duplicate_classes, near_duplicates, near_neighbours
+from sipit.models import LayerTap
+from sipit.models.load import _tiny
+
+torch.set_num_threads(1)
+
+
+def test_rel_distance_and_tolerance():
+    x = torch.randn(4, 8) * 1e3
+    assert torch.allclose(rel_distance(x, x[0]), (x - x[0]).norm(dim=1).double() / x[0].norm().double())
+    assert tolerance(torch.float32, 1e-5) < tolerance(torch.float16, 1e-5) < tolerance(torch.bfloat16, 1e-5) < 0.01
+    assert tolerance(torch.bfloat16, 0.0) > 2.0 ** -8  # the storage rounding alone
+    assert math.isclose(rel_distance(x[0], x[0]).item(), 0.0)
+
+
+def test_near_neighbours_finds_planted_rows_and_nothing_else():
+    g = torch.Generator().manual_seed(0)
+    E = torch.randn(300, 32, generator=g)
+    E[7] = E[3] * (1 + 3e-3)  # relative distance 3e-3: near
+    E[9] = E[3] + 0.5 * E[3].norm() / 32 ** 0.5  # relative distance 0.5: not near
+    E[11] = E[5]  # bit-identical: a duplicate, not a near neighbour
+    dups = DuplicateClasses(E)
+    near = near_neighbours(E, dups)
+    assert near == {3: [7], 7: [3]}
+    brute = (torch.cdist(E.double(), E.double()) <= 1e-2 * E.double().norm(dim=1)[:, None]).sum() - 300 - 2
+    assert brute == 2  # (5, 11) both ways: the duplicates, excluded above
+
+
+def test_caches_are_keyed_by_the_weights_fingerprint():
+    a, b = _tiny("tiny-llama"), _tiny("tiny-llama")
+    x, y = a.encode("x")[0], a.encode("y")[0]
+    with torch.no_grad():
+        b.embed.weight[y] = b.embed.weight[x]
+    assert duplicate_classes(a).members(y) == [y] and duplicate_classes(b).members(y) == [x, y]
+    assert duplicate_classes(_tiny("tiny-llama")) is duplicate_classes(a)  # same content, same classes
+    assert near_duplicates(b).get(y) is None  # identical rows are a class, not near neighbours
+
+
+def test_measured_noise_per_position_bounds_the_loops_recomputation():
+    lm = _tiny("tiny-llama")
+    tap = LayerTap(lm, 3)
+    noise = measure_noise(tap, batch_size=64)
+    assert len(noise) == 24 and max(noise) < 1e-5
+    tol = tolerance_for(tap, {torch.float32})
+    assert tol.source == "measured" and tol.eps >= FACTOR * tol.noise and tol.noise >= max(noise)
+    ids = torch.tensor(lm.encode("per position, not one norm")[:16])
+    full = tap.states(ids)  # [T, d]
+    h, _ = tap.extend(tap.prefill(ids[:5]), ids[5:][None], keep=True)  # KV cache + speculative pass
+    per_position = rel_distance(h[0], full[5:])  # one distance per position, never one norm of [T, d]
+    assert (per_position <= tol.eps).all()
+    r = invert(lm, full, 3, InvertConfig(calibration_tokens=8192), progress=False, true_ids=[ids.tolist()])
+    s = r.summary()
+    assert s["tolerance"]["noise_per_position"] == tol.noise_per_position and s["eps"] == tol.eps
+    worst = s["max_accepted_distance"]
+    assert 0 <= worst <= tol.eps
+    assert s["eps_headroom"] == (round(tol.eps / worst, 2) if worst else None)  # None: bit-exact recomputation
