@@ -1,13 +1,19 @@
-"""Benchmark: SipIt inversion speed and exactness per policy, against one forward pass.
+"""Benchmark: SipIt inversion speed, exactness and certificates per policy, against one forward pass.
 
 For each layer: prompts of `--length` tokens from three kinds of text (prose from the `prose`
 corpus, Python code from the half of the standard library the learned policy never calibrates on,
 uniform random ids), states captured by one full forward pass of each whole prompt, then every
-policy inverts them. Each prompt's forward pass up to the layer is timed right before its
-inversion (median of 3), so the ratio compares like with like under the same load. Slow policies
-(exhaustive, random, gradient: minutes per prompt on SmolLM2) invert only the first
-`--slow-positions` positions of `--slow-prompts` prompts; their ratio is per position × length.
-Prints JSON. One-time calibration is reported separately and is not in the inversion times.
+policy inverts the same prompts in this one run. Each prompt's forward pass up to the layer is
+timed right before its inversion (median of 3), so the ratio compares like with like under the
+same load. Slow policies (exhaustive, random, gradient: minutes per prompt on SmolLM2) are capped:
+they invert only the first `slow_positions` positions of each prompt (`capped_positions` in the
+output; their ratio is per position × length, marked `extrapolated`).
+
+Reported per policy: candidates *verified* by a forward pass (the paper's metric) and candidates
+*scored* (the learned policy scores the whole vocabulary at every position; the gradient policy
+ranks the whole vocabulary at every snap), one-time calibration seconds and the amortised cost per
+prompt (calibration ÷ N + inversion, N = 1, 100, 10,000), the share of certified positions, ε and
+its headroom, and the cost of `certify` modes (extra seconds per prompt). Prints JSON.
 """
 from __future__ import annotations
 
@@ -16,15 +22,14 @@ import json
 import random
 import statistics
 import time
+from dataclasses import asdict, dataclass, field
 
 import torch
 
 from ..invert import InvertConfig, SipIt
+from ..invert.eps import tolerance_for
 from ..invert.calibrate import calibration_ids, stdlib_files
 from ..models import LayerTap, load_model
-
-FAST = ("learned",)
-
 
 def code_prompts(lm, n: int, length: int, seed: int) -> list[list[int]]:
     """Spans of stdlib source from files the learned policy does not calibrate on."""
@@ -73,84 +78,143 @@ def _forward_seconds(tap, ids, repeats=3) -> float:
     return statistics.median(times)
 
 
-def run(model="smollm2", layers=None, policies=("learned", "gradient", "random", "exhaustive"),
-        kinds=("prose", "code", "random"), n=10, length=20, threads=2, seed=1, slow_prompts=1, slow_positions=2,
-        final_norm=False, progress=False) -> dict:
-    torch.set_num_threads(threads)
-    lm = load_model(model)
-    layers = layers or [1, lm.n_layers // 2, lm.n_layers]
-    data = prompts(lm, list(kinds), n, length, seed)
-    cfg0 = InvertConfig()
-    out = dict(bench="invert", model=model, threads=threads, length=length, kinds=list(kinds), prompts_per_kind=n,
-               final_norm=final_norm, calibration_leaks=leaked([p for _, p in data],
-                                                               calibration_ids(lm, cfg0.calibration_tokens)[0]),
-               layers={})
+@dataclass
+class Config:
+    model: str = "smollm2"
+    layers: list[int] | None = None  # None: 1, L/2, L
+    policies: tuple[str, ...] = ("learned", "gradient", "random", "exhaustive")
+    kinds: tuple[str, ...] = ("prose", "code", "random")
+    prompts: int = 10  # per kind
+    length: int = 20
+    slow_positions: int = 2  # slow policies invert only this many leading positions of each prompt
+    certify: tuple[str, ...] = ("top:256",)  # certify modes timed with the fast policies on every prompt
+    certify_full_prompts: int = 0  # also time certify="full" on this many prompts (minutes each on SmolLM2)
+    threads: int = 2
+    seed: int = 1
+    final_norm: bool = False
+    progress: bool = False
+
+
+FAST = ("learned",)
+AMORTISE_OVER = (1, 100, 10_000)
+
+
+def _scored_per_position(policy: str, V: int, r) -> float:
+    """Candidates the policy scored (a distance or a score), per position."""
+    if policy == "learned":
+        return float(V)  # one score per vocabulary token at every position (and the position-0 table)
+    if policy == "gradient":
+        return V * r.backward_tokens / max(len(r.positions), 1)  # every snap ranks the vocabulary
+    return sum(q.tried for q in r.positions) / max(len(r.positions), 1)
+
+
+def _invert_all(engine, tap, ids, states, T, cfg, tag):
+    fwd, res = [], []
+    for i in range(len(ids)):
+        fwd.append(_forward_seconds(tap, ids[i]))
+        res.append(engine.invert_prompt(states[i, :T], ids[i, :T].tolist()))
+        if cfg.progress:
+            r = res[-1]
+            print(f"{tag} {i} {r.status} exact={r.exact} {r.seconds:.2f}s fwd={fwd[-1]:.3f}s "
+                  f"tried={sum(q.tried for q in r.positions)}", flush=True)
+    return fwd, res
+
+
+def _policy_entry(name, engine, fwd, res, T, cfg, data, V) -> dict:
+    per_prompt = [r.seconds * cfg.length / T for r in res]  # capped policies: extrapolated to the length
+    positions = [q for r in res for q in r.positions]
+    tried = [q.tried for q in positions]
+    by_kind: dict = {}
+    for (kind, _), r in zip(data, res):
+        k = by_kind.setdefault(kind, [0, 0])
+        k[0], k[1] = k[0] + bool(r.exact), k[1] + 1
+    median = statistics.median(per_prompt)
+    cal = engine.calibration_seconds
+    accepted = [q.distance for q in positions if q.token is not None]
+    return dict(
+        prompts=len(res), positions_per_prompt=T, capped_positions=T < cfg.length, extrapolated=T < cfg.length,
+        exact=sum(bool(r.exact) for r in res), exact_by_kind={k: f"{a}/{b}" for k, (a, b) in by_kind.items()},
+        ok=sum(r.status == "ok" for r in res), ambiguous=sum(r.status == "ambiguous" for r in res),
+        failed=sum(r.status == "failed" for r in res),
+        seconds_per_prompt_median=round(median, 4), forward_seconds_median=round(statistics.median(fwd), 4),
+        ratio_to_forward=round(median / statistics.median(fwd), 3),
+        candidates_verified_per_position=round(sum(tried) / len(tried), 3),
+        vocab_verified_pct=round(100 * sum(tried) / len(tried) / V, 5),
+        candidates_scored_per_position=round(statistics.mean(_scored_per_position(name, V, r) for r in res), 1),
+        forward_equivalents_per_prompt=round(statistics.mean(r.forward_equivalents * cfg.length / T for r in res), 3),
+        tap_calls_per_prompt=round(statistics.mean(r.tap_calls for r in res), 3),
+        speculated_pct=round(100 * sum(q.via != "search" for q in positions) / len(positions), 2),
+        certified_positions_pct=round(100 * sum(q.certified for q in positions) / len(positions), 2),
+        calibration_seconds=round(cal, 1), calibration_cached=cal == 0.0,
+        amortised_seconds_per_prompt={str(n): round(cal / n + median, 4) for n in AMORTISE_OVER},
+        min_margin=min((q.margin for q in positions if q.margin is not None), default=None),
+        max_accepted_distance=max(accepted, default=None),
+    )
+
+
+def run(cfg: Config) -> dict:
+    torch.set_num_threads(cfg.threads)
+    lm = load_model(cfg.model)
+    V = lm.vocab_size
+    layers = cfg.layers or [1, lm.n_layers // 2, lm.n_layers]
+    data = prompts(lm, list(cfg.kinds), cfg.prompts, cfg.length, cfg.seed)
+    out = dict(bench="invert", config=asdict(cfg), calibration_leaks=leaked(
+        [p for _, p in data], calibration_ids(lm, InvertConfig().calibration_tokens)[0]), layers={})
+    ids = torch.tensor([p for _, p in data])
     for layer in layers:
         layer = lm.layer_index(layer)
-        tap = LayerTap(lm, layer, final_norm=final_norm)
-        ids = torch.tensor([p for _, p in data])
+        tap = LayerTap(lm, layer, final_norm=cfg.final_norm)
         states = torch.cat([tap.states(ids[i:i + 16]) for i in range(0, len(ids), 16)])  # full forward passes
-        entry = out["layers"][str(layer)] = dict(policies={})
-        for name in policies:
-            slow = name not in FAST
-            sel = list(range(len(data)))[:slow_prompts] if slow else list(range(len(data)))
-            T = slow_positions if slow else length
-            engine = SipIt(lm, layer, InvertConfig(policy=name), final_norm=final_norm)
-            fwd, inv, res = [], [], []
-            for i in sel:
-                fwd.append(_forward_seconds(tap, ids[i]))
-                r = engine.invert_prompt(states[i, :T], ids[i, :T].tolist())
-                inv.append(r.seconds)
-                res.append(r)
-                if progress:
-                    print(f"L{layer} {name} {data[i][0]} {r.status} exact={r.exact} {r.seconds:.2f}s "
-                          f"fwd={fwd[-1]:.3f}s tried={sum(q.tried for q in r.positions)}", flush=True)
-            per_prompt = [s * length / T for s in inv]  # slow policies: extrapolated to the full length
-            positions = [q for r in res for q in r.positions]
-            tried = [q.tried for q in positions]
-            kinds_ok = {}
-            for i, r in zip(sel, res):
-                k = kinds_ok.setdefault(data[i][0], [0, 0])
-                k[0] += bool(r.exact)
-                k[1] += 1
-            entry["policies"][name] = dict(
-                prompts=len(res), positions_per_prompt=T, extrapolated=slow,
-                exact=sum(bool(r.exact) for r in res), exact_by_kind={k: f"{a}/{b}" for k, (a, b) in kinds_ok.items()},
-                failed=sum(r.status == "failed" for r in res),
-                seconds_per_prompt_median=round(statistics.median(per_prompt), 4),
-                forward_seconds_median=round(statistics.median(fwd), 4),
-                ratio_to_forward=round(statistics.median(per_prompt) / statistics.median(fwd), 3),
-                candidates_per_position=round(sum(tried) / len(tried), 3),
-                vocab_explored_pct=round(100 * sum(tried) / len(tried) / lm.vocab_size, 5),
-                forward_equivalents_per_prompt=round(
-                    statistics.mean(r.forward_equivalents * length / T for r in res), 3),
-                tap_calls_per_prompt=round(statistics.mean(r.tap_calls for r in res), 3),
-                speculated_pct=round(100 * sum(q.via != "search" for q in positions) / len(positions), 2),
-                calibration_seconds=round(engine.calibration_seconds, 1),
-                min_margin=min((q.margin for q in positions if q.margin is not None), default=None),
-                max_distance=max((q.distance for q in positions if q.token is not None), default=None),
-            )
+        t = time.perf_counter()
+        tol = tolerance_for(tap, {states.dtype})
+        entry = out["layers"][str(layer)] = dict(eps=tol.eps, noise=tol.noise, eps_seconds=round(time.perf_counter() - t, 2),
+                                                 policies={}, certify={})
+        worst = 0.0
+        for name in cfg.policies:
+            T = cfg.length if name in FAST else min(cfg.slow_positions, cfg.length)
+            engine = SipIt(lm, layer, InvertConfig(policy=name), final_norm=cfg.final_norm, eps=tol.eps)
+            fwd, res = _invert_all(engine, tap, ids, states, T, cfg, f"L{layer} {name}")
+            e = entry["policies"][name] = _policy_entry(name, engine, fwd, res, T, cfg, data, V)
+            worst = max(worst, e["max_accepted_distance"] or 0.0)
+            for mode in [*cfg.certify, *(["full"] if cfg.certify_full_prompts else [])] if name in FAST else []:
+                n = len(ids) if mode != "full" else cfg.certify_full_prompts
+                engine = SipIt(lm, layer, InvertConfig(policy=name, certify=mode), final_norm=cfg.final_norm, eps=tol.eps)
+                _, cres = _invert_all(engine, tap, ids[:n], states[:n], cfg.length, cfg, f"L{layer} {name} {mode}")
+                base = statistics.median(r.seconds for r in res[:n])
+                cpos = [q for r in cres for q in r.positions]
+                entry["certify"][f"{name} {mode}"] = dict(
+                    prompts=n, seconds_per_prompt_median=round(statistics.median(r.seconds for r in cres), 4),
+                    extra_seconds_per_prompt=round(statistics.median(r.seconds for r in cres) - base, 4),
+                    certified_positions_pct=round(100 * sum(q.certified for q in cpos) / len(cpos), 2),
+                    exact=sum(bool(r.exact) for r in cres), ok=sum(r.status == "ok" for r in cres))
+        entry["eps_headroom"] = round(tol.eps / worst, 2) if worst else None  # ε ÷ largest accepted distance
     return out
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="sipit bench invert", description=__doc__)
-    p.add_argument("--model", default="smollm2")
+    d = Config()
+    p.add_argument("--model", default=d.model)
     p.add_argument("--layers", default=None, help="comma-separated (default 1, L/2, L)")
-    p.add_argument("--policies", default="learned,gradient,random,exhaustive")
-    p.add_argument("--kinds", default="prose,code,random")
-    p.add_argument("--prompts", type=int, default=10, help="prompts per kind (fast policies)")
-    p.add_argument("--length", type=int, default=20)
-    p.add_argument("--slow-prompts", type=int, default=1)
-    p.add_argument("--slow-positions", type=int, default=2)
+    p.add_argument("--policies", default=",".join(d.policies))
+    p.add_argument("--kinds", default=",".join(d.kinds))
+    p.add_argument("--prompts", type=int, default=d.prompts, help="prompts per kind")
+    p.add_argument("--length", type=int, default=d.length)
+    p.add_argument("--slow-positions", type=int, default=d.slow_positions,
+                   help="slow policies invert only this many leading positions of each prompt")
+    p.add_argument("--certify", default=",".join(d.certify), help="certify modes timed with the learned policy")
+    p.add_argument("--certify-full-prompts", type=int, default=d.certify_full_prompts)
     p.add_argument("--final-norm", action="store_true")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--progress", action="store_true", help="a line per prompt on stdout before the JSON")
     a = p.parse_args(argv)
-    layers = [int(x) for x in a.layers.split(",")] if a.layers else None
-    print(json.dumps(run(a.model, layers, a.policies.split(","), a.kinds.split(","), a.prompts, a.length, a.threads,
-                         a.seed, a.slow_prompts, a.slow_positions, a.final_norm, a.progress), indent=2))
+    cfg = Config(model=a.model, layers=[int(x) for x in a.layers.split(",")] if a.layers else None,
+                 policies=tuple(a.policies.split(",")), kinds=tuple(a.kinds.split(",")), prompts=a.prompts,
+                 length=a.length, slow_positions=a.slow_positions,
+                 certify=tuple(x for x in a.certify.split(",") if x), certify_full_prompts=a.certify_full_prompts,
+                 threads=a.threads, seed=a.seed, final_norm=a.final_norm, progress=a.progress)
+    print(json.dumps(run(cfg), indent=2))
 
 
 if __name__ == "__main__":
