@@ -204,6 +204,12 @@ def test_cli_invert_roundtrip_and_failures(tmp_path, capsys):
     assert row["exact"] and row["text"] == "hello world"
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert summary["exact_match_rate"] == 1.0 and summary["layer"] == 2
+    assert summary["tolerance"]["source"] == "measured" and summary["certify"] == "none"
+    assert main(["invert", str(states), "-q", "--certify", "full", "-o", str(out)]) == 0
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert summary["certify"] == "full" and summary["certified_positions_pct"] == 100.0
+    assert main(["invert", str(states), "-q", "--certify", "top:0", "-o", str(out)]) == 2
+    assert "certify" in capsys.readouterr().err
 
     # wrong layer: a failure report, exit 1, nothing printed as recovered
     assert main(["invert", str(states), "-q", "--layer", "3", "-o", str(out)]) == 1

@@ -88,6 +88,7 @@ class SipIt:
         prefix = self.tap.prefill(torch.zeros(0, dtype=torch.long, device=self.lm.device))
         positions: list[Position] = []
         checked: dict[int, float] = {}  # candidates already evaluated at position t -> distance
+        why = ""  # why the prompt failed, if it does
         while prefix.length < T:
             t = prefix.length
             guess = self.policy.guesses(t, prefix.ids) if self.config.speculate else None
@@ -110,9 +111,10 @@ class SipIt:
                        "tried there)" if run.capped() else
                        f"no token within eps={self.eps:g} at position {t} (best relative distance {q.distance:.3g}); "
                        "wrong model, layer, norm setting, or not a state of a token sequence?")
-                return self._finish(run, prefix.ids.tolist(), positions, why, true_ids)
+                break
+        # the verified positions (all, or those before a failure) get their certificates
         self.certifier.certify(run.target, prefix.ids, positions, run.evaluated, run.cost, self.policy)
-        return self._finish(run, prefix.ids.tolist(), positions, "", true_ids)
+        return self._finish(run, prefix.ids.tolist(), positions, why, true_ids)
 
     def _finish(self, run: _Run, ids, positions, message, true_ids) -> PromptResult:
         status, message = judge(positions, self.eps, message)
