@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=None,
                    help="hardprompts: optimisation steps per prompt (default: the paper's T*|V|/4, see --max-seconds)")
     s.add_argument("--eps", type=float, default=None,
-                   help="relative acceptance threshold (default: measured recomputation noise x 20 + dtype rounding)")
+                   help="relative acceptance threshold (default: measured recomputation noise x 50 + dtype rounding)")
     s.add_argument("--certify", default="none", metavar="none|top:K|full",
                    help="after recovery also evaluate the policy's top K others (top:K) or every token (full) at "
                         "every position, to certify it; near-duplicate tokens are always checked (default none)")

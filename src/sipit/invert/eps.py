@@ -22,9 +22,14 @@ from ..io import write_json
 from ..models.load import cache_dir
 from .verify import UNIT_ROUNDOFF, rel_distance, tolerance
 
-VERSION = 1
-FACTOR = 20.0  # ε = FACTOR × the largest measured noise: headroom for paths and prompts not measured
+VERSION = 2
+FACTOR = 50.0  # ε = FACTOR × the largest measured noise: headroom for paths and prompts not measured
+#                (SmolLM2 layer 30: position 1 after " proof" showed 3.3e-5 where the calibration measured 4.3e-6)
 N_PROMPTS, LENGTH = 2, 24  # calibration prompts (seeded uniform random ids)
+SINK_TEXT = ("The committee said on Monday that it would publish its findings. In 1998, she moved to Paris; "
+             "def main(args):\n    return [x for x in args if x]\n# TODO: fix this\nimport os, sys\n"
+             "Yes! No? Maybe... 42 + 7 = 49. <html><body>Hello, world.</body></html> Once upon a time")
+SINK_TOKENS = 24  # position 1 right after each of these position-0 tokens (the attention sink) is measured
 FLOOR_ULPS = 16  # noise is at least this many unit roundoffs of the model's dtype (a path may be bit-exact
 #                  on the calibration prompts and not on others)
 
@@ -69,6 +74,18 @@ def measure_noise(tap, batch_size: int = 256) -> list[float]:
                 cand[j] = ids[i, t]
                 h = tap.extend(prefix, cand)  # [B, d]
                 noise[t] = max(float(noise[t]), float(rel_distance(h[j], ref[t])))
+    # position 1 on a cached position 0 depends strongly on the token there (SmolLM2 layer 30: 3e-5
+    # after "The" vs 3e-6 after random ids): measure it after many common first tokens
+    text = torch.tensor(lm.encode(SINK_TEXT), device=lm.device)
+    first_at: dict[int, int] = {}
+    for i in range(len(text) - 1):
+        first_at.setdefault(int(text[i]), i)
+    firsts = list(first_at.values())[:SINK_TOKENS]
+    pairs = torch.stack([text[i:i + 2] for i in firsts])  # [n, 2]
+    ref = tap.states(pairs)  # [n, 2, d]
+    for pair, r in zip(pairs, ref):
+        h = tap.extend(tap.prefill(pair[:1]), pair[1:])  # [1, d]
+        noise[1] = max(float(noise[1]), float(rel_distance(h[0], r[1])))
     return noise.tolist()
 
 
