@@ -20,7 +20,7 @@ import time
 import torch
 
 from ..invert import InvertConfig, SipIt
-from ..invert.calibrate import calibration_ids, stdlib_files
+from ..invert.learned.data import calibration_ids, stdlib_files
 from ..models import LayerTap, load_model
 
 FAST = ("learned",)
@@ -83,7 +83,7 @@ def run(model="smollm2", layers=None, policies=("learned", "gradient", "random",
     cfg0 = InvertConfig()
     out = dict(bench="invert", model=model, threads=threads, length=length, kinds=list(kinds), prompts_per_kind=n,
                final_norm=final_norm, calibration_leaks=leaked([p for _, p in data],
-                                                               calibration_ids(lm, cfg0.calibration_tokens)[0]),
+                                                               calibration_ids(lm, cfg0.calibration_tokens)),
                layers={})
     for layer in layers:
         layer = lm.layer_index(layer)

@@ -140,6 +140,9 @@ class LayerTap:
         self.layer = lm.layer_index(layer)
         self.final_norm = final_norm
 
+    dim = property(lambda self: self.lm.d_model)  # size of one observed vector
+    key = property(lambda self: f"L{self.layer}" + ("n" if self.final_norm else ""))  # what it observes (cache keys)
+
     def __repr__(self):
         return f"LayerTap({self.lm.name}, layer={self.layer}, final_norm={self.final_norm})"
 
