@@ -138,13 +138,16 @@ def _screening(parts: dict, table: Tensor, H: Tensor, ids: Tensor, cfg: LearnedC
     r = (H[:, 1:] @ parts["white"] - H[:, :-1] @ parts["Bw"] - parts["cw"]).reshape(-1, d)  # [n, d]
     truth = ids[:, 1:].reshape(-1)
     P, P_sq = parts["P"], parts["P_sq"]
-    hits = {g: int(((2 * r @ P.T - g * P_sq).argmax(1) == truth).sum()) for g in cfg.gains}
+    S = 2 * r @ P.T  # [n, V], once for every gain
+    hits = {g: int(((S - g * P_sq).argmax(1) == truth).sum()) for g in cfg.gains}
     gain = max(cfg.gains, key=lambda g: (hits[g], g))  # ties: the least shrinkage
-    full = (2 * r @ P.T - gain * P_sq).argmax(1)
+    full = (S - gain * P_sq).argmax(1)
+    del S
     basis = _principal_basis(P, d)  # all directions, by decreasing variance
+    proj = (P.double() @ basis).float()  # [V, d], sliced for each rank tried
     rank = k
     while True:
-        out.update(p_basis=basis[:, :rank].float().contiguous(), p_proj=(P.double() @ basis[:, :rank]).float())
+        out.update(p_basis=basis[:, :rank].float().contiguous(), p_proj=proj[:, :rank].contiguous())
         cal = Calibration(key="", table=table, gain=gain, seconds=0.0, **out)
         if rank == d or float((LinearRanker(cal, tap, cfg.screen_top).screen(r) == full).float().mean()) >= cfg.screen_agree:
             return cal
