@@ -75,12 +75,14 @@ class Moments:
 
 
 def _principal_basis(rows: Tensor, k: int, center: Tensor | None = None) -> Tensor:
-    """Top-k right singular vectors of rows [V, d] (optionally centred), float64. [d, k]"""
+    """Top-k right singular vectors of rows [V, d] (optionally centred), float64. [d, k]
+    (float32 products suffice: eigh returns an orthonormal basis whatever the rounding, and only
+    orthonormality makes projected distances certified lower bounds.)"""
     d = rows.shape[1]
     G = torch.zeros(d, d, dtype=torch.float64, device=rows.device)
     for chunk in rows.split(16384):
-        x = chunk.double() - (center.double() if center is not None else 0)
-        G += x.T @ x
+        x = chunk.float() - (center.float() if center is not None else 0)
+        G += (x.T @ x).double()
     return torch.linalg.eigh(G)[1][:, -k:].flip(1)
 
 
