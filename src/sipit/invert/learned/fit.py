@@ -113,9 +113,10 @@ def _forward_models(observe: Observe, E: Tensor, tables: list[Tensor], ids: Tens
         white = U @ torch.diag(ev.clamp_min(ev.max() * 1e-10) ** -0.5) @ U.T  # Σ^{-1/2} [d, d]
         de, dt = E.shape[1], table.shape[1]
         B = Ws[de + dt:]  # context part [d, d]
-        P = torch.cat([((E.double() - mx[:de]) @ Ws[:de] + (table.double() - mx[de:de + dt]) @ Ws[de:de + dt]) @ white
-                       for E, table in zip(E.split(16384), table.split(16384))])  # [V, d]
-        out.append(dict(P=P.float(), P_sq=(P ** 2).sum(1).float(), white=white.float(), Bw=(B @ white).float(),
+        A = (Ws[:de + dt] @ white).float()  # token part, whitened [de + dt, d]; float32 products suffice here
+        P = torch.cat([torch.cat([e - mx[:de].float(), t - mx[de:de + dt].float()], 1) @ A
+                       for e, t in zip(E.split(16384), table.split(16384))])  # [V, d]
+        out.append(dict(P=P, P_sq=(P.double() ** 2).sum(1).float(), white=white.float(), Bw=(B @ white).float(),
                         cw=((my - mx[de + dt:] @ B) @ white).float()))
     return out
 
@@ -136,7 +137,7 @@ def _screening(parts: dict, table: Tensor, H: Tensor, ids: Tensor, cfg: LearnedC
     mean = table.double().mean(0)
     Q = _principal_basis(table, k, mean)
     out = dict(parts, t_mean=mean.float(), t_basis=Q.float(),
-               t_proj=torch.cat([(c.double() - mean) @ Q for c in table.split(16384)]).float())
+               t_proj=torch.cat([(c.double() - mean) @ Q for c in table.split(16384)]).float())  # float64: the bounds' slack assumes one rounding
     r = (H[:, 1:] @ parts["white"] - H[:, :-1] @ parts["Bw"] - parts["cw"]).reshape(-1, d)  # [n, d]
     truth = ids[:, 1:].reshape(-1)
     P, P_sq = parts["P"], parts["P_sq"]
