@@ -239,11 +239,10 @@ def calibrate_cached_layers(lm, layers: list[int], config: LearnedConfig | None 
     -> {layer: seconds spent fitting it (0 when it was cached)}"""
     config = config or LearnedConfig()
     taps = [LayerTap(lm, layer, final_norm) for layer in layers]
-    missing = [t.layer for t in taps if load_cached(t, config) is None]
+    missing = [t for t in taps if not cache_path(t, config).exists()]  # (a corrupt file is refitted on use)
     seconds = {t.layer: 0.0 for t in taps}
     if missing:
-        for tap, cal in zip([LayerTap(lm, m, final_norm) for m in missing],
-                            calibrate_layers(lm, missing, config, final_norm)):
+        for tap, cal in zip(missing, calibrate_layers(lm, [t.layer for t in missing], config, final_norm)):
             cal.save(cache_path(tap, config))
             seconds[tap.layer] = cal.seconds
     return seconds
