@@ -262,10 +262,10 @@ def vocab_table(cfg: ReproduceConfig, log) -> tuple[list[dict], str]:
 def _calibrated(lm, layer: int) -> bool:
     """Is the learned policy's calibration of (lm, layer) cached?"""
     from .invert import InvertConfig
-    from .invert.calibrate import cache_path
+    from .invert.learned import cache_path, learned_config
     from .models import LayerTap
 
-    return cache_path(LayerTap(lm, layer), InvertConfig().calibration_tokens).exists()
+    return cache_path(LayerTap(lm, layer), learned_config(InvertConfig())).exists()
 
 
 def layerwise_table(path: Path = COLLISIONS) -> tuple[list[dict], str]:

@@ -28,7 +28,7 @@ import torch
 
 from ..invert import InvertConfig, SipIt
 from ..invert.eps import tolerance_for
-from ..invert.calibrate import calibration_ids, stdlib_files
+from ..invert.learned.data import calibration_ids, stdlib_files
 from ..models import LayerTap, load_model
 
 def code_prompts(lm, n: int, length: int, seed: int) -> list[list[int]]:
@@ -159,7 +159,7 @@ def run(cfg: Config) -> dict:
     layers = cfg.layers or [1, lm.n_layers // 2, lm.n_layers]
     data = prompts(lm, list(cfg.kinds), cfg.prompts, cfg.length, cfg.seed)
     out = dict(bench="invert", config=asdict(cfg), calibration_leaks=leaked(
-        [p for _, p in data], calibration_ids(lm, InvertConfig().calibration_tokens)[0]), layers={})
+        [p for _, p in data], calibration_ids(lm, InvertConfig().calibration_tokens)), layers={})
     ids = torch.tensor([p for _, p in data])
     for layer in layers:
         layer = lm.layer_index(layer)

@@ -12,7 +12,7 @@ Policies:
 - random:     the whole vocabulary in a seeded random order.
 - gradient:   the paper's policy: a continuous proxy embedding e descends ½‖h_t(π ⊕ e) − ĥ_t‖²
               (normalised by ‖ĥ_t‖²); every K steps the nearest not-yet-proposed rows are proposed.
-- learned:    calibrated per (model, layer, norm) on the model's own states (calibrate.py): position
+- learned:    calibrated per (model, layer, norm) on the model's own states (learned/): position
               0 by an exact table of every token's state at position 0 (also a certified bound for
               every token), positions ≥ 1 by a forward linear model h_t ≈ A e_v + B ĥ_{t−1} + c,
               each token scored by the Gaussian log-likelihood of the observed ĥ_t. Guesses every
@@ -102,55 +102,7 @@ class Gradient(Policy):
         # then the loop falls back to the rest of the vocabulary
 
 
-MAX_ANCHORS = 1024  # evaluated candidates kept per position for the learned policy's re-ranking
-
-
-class Learned(Policy):
-    """Calibrated ranking (calibrate.ForwardModel): guesses every position at once, so the loop
-    speculates; position 0 also gets certified lower bounds for every token from the table."""
-
-    name = "learned"
-
-    def __init__(self, tap, config):
-        from .calibrate import ForwardModel, load_or_fit
-
-        super().__init__(tap, config)
-        cal, self.calibration_seconds = load_or_fit(tap, config.calibration_tokens)
-        self.model = ForwardModel(cal, tap.lm, tap.final_norm)
-
-    def begin(self, target, cost):
-        super().begin(target, cost)
-        self.target = target.float()
-        g0, self.d0, self.bounds0 = self.model.position0(self.target[0])
-        rest, self.prior = self.model.guesses(self.target)
-        self.guess = torch.cat([torch.tensor([g0]), rest])  # [T]
-        self.anchors = {}  # t -> [(ids [n], exact states [n, d] at t on the verified prefix)]
-
-    def guesses(self, t, ids):
-        return self.guess[t:]
-
-    def observe(self, t, ids, states):
-        seen = self.anchors.setdefault(t, [])
-        if sum(len(i) for i, _ in seen) < MAX_ANCHORS:  # the fit saturates long before; bounds memory
-            seen.append((ids, states.to(torch.float32, copy=True)))
-
-    def candidates(self, t, prefix):
-        if t == 0:  # table distances: exact for the screened few, lower bounds for the rest
-            yield from self.d0.argsort().split(self.config.batch_size)
-        else:  # (the loop skips ids already tried)
-            cfg = self.config
-            sizes = [min(cfg.batch_size, cfg.first_batch * 4 ** k) for k in range(8)]
-            yield from self.model.ranking(self.target, t, self.prior, sizes, lambda: self._anchors(t))
-
-    def _anchors(self, t):
-        seen = self.anchors.get(t, [])
-        if not seen:
-            return torch.zeros(0, dtype=torch.long), self.target.new_zeros(0, self.target.shape[1])
-        return torch.cat([i for i, _ in seen]), torch.cat([h for _, h in seen])
-
-    def lower_bounds(self, t):
-        return self.bounds0 if t == 0 else None
-
+from .learned.policy import Learned  # noqa: E402  (it subclasses Policy, defined above)
 
 POLICIES = {"exhaustive": Exhaustive, "random": Random, "gradient": Gradient, "learned": Learned}
 

@@ -1,0 +1,114 @@
+"""The fitted calibration of one tap (typed, saved with safetensors) and its content-keyed cache.
+
+Key = the weights' fingerprint + what the tap observes (`tap.key`) + the fit settings + VERSION:
+never the model's spec name, so one GGUF loaded by name and by path shares one calibration. An
+older VERSION is never migrated: it is simply a different file, refitted once.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ...models.load import cache_dir
+from .config import LearnedConfig
+
+VERSION = 4  # bump whenever what is fitted or stored changes
+
+
+@dataclass
+class Calibration:
+    """What LinearRanker needs (V tokens, d = tap.dim, k, r ≤ d: screening ranks).
+
+    Position 0, where the state depends on the token only:
+        table [V, d]      every token's state (float16 when that fits; else float32)
+        t_mean [d], t_basis [d, k], t_proj [V, k]   its centred principal subspace
+    Positions t ≥ 1, the forward model h_t ≈ A e_v + B ĥ_{t−1} + c whitened by W = Σ^{-1/2} of its
+    residuals: the context residual r_t = ĥ_t W − ĥ_{t−1} Bw − cw, and score(v) = 2 r_t·P_v − gain ‖P_v‖²:
+        P [V, d] = W A e_v, P_sq [V], white [d, d] = W, Bw [d, d], cw [d], gain
+        p_basis [d, r], p_proj [V, r]   P in its principal subspace (r = d: scored exactly)
+    LM prior (last layer of plain states only, else None):
+        u_basis [d, k], u_proj [V, k]   LM-head rows in their principal subspace
+        lm_gate: mean LM log-prob of a prompt's plain guesses above which the prior is on; lm_weight
+    """
+
+    key: str
+    table: Tensor
+    t_mean: Tensor
+    t_basis: Tensor
+    t_proj: Tensor
+    P: Tensor
+    P_sq: Tensor
+    white: Tensor
+    Bw: Tensor
+    cw: Tensor
+    p_basis: Tensor
+    p_proj: Tensor
+    gain: float
+    seconds: float  # what fitting it cost
+    u_basis: Tensor | None = None
+    u_proj: Tensor | None = None
+    lm_gate: float | None = None
+    lm_weight: float | None = None
+
+    @property
+    def has_prior(self) -> bool:
+        return self.u_basis is not None
+
+    def save(self, path: str | Path) -> Path:
+        """Atomic safetensors file: tensors as tensors, the rest as string metadata."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors, meta = {}, {"version": str(VERSION)}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor):
+                tensors[f.name] = value.detach().cpu().contiguous()
+            elif value is not None:
+                meta[f.name] = value if isinstance(value, str) else repr(float(value))
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        save_file(tensors, str(tmp), metadata=meta)
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, device: torch.device | str = "cpu") -> "Calibration":
+        """Raises ValueError for a file of another VERSION (callers refit)."""
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            meta = f.metadata() or {}
+            if meta.get("version") != str(VERSION):
+                raise ValueError(f"{path}: calibration version {meta.get('version')}, expected {VERSION}")
+            values = {k: f.get_tensor(k) for k in f.keys()}
+        for f in fields(cls):
+            if f.name in meta:
+                values[f.name] = meta[f.name] if f.name == "key" else float(meta[f.name])
+        return cls(**values)
+
+
+def calibration_key(tap, config: LearnedConfig) -> str:
+    """Content key: weights fingerprint, what the tap observes, fit settings, VERSION."""
+    settings = hashlib.sha256(f"{VERSION}:{config.fit_key()}".encode()).hexdigest()[:12]
+    return f"{tap.lm.fingerprint}-{tap.key}-{settings}"
+
+
+def cache_path(tap, config: LearnedConfig) -> Path:
+    return cache_dir() / "learned" / f"{calibration_key(tap, config)}.safetensors"
+
+
+def load_cached(tap, config: LearnedConfig) -> Calibration | None:
+    """The cached calibration of `tap`, or None (absent, unreadable or of another VERSION)."""
+    path = cache_path(tap, config)
+    if not path.exists():
+        return None
+    try:
+        return Calibration.load(path, tap.lm.device)
+    except Exception:  # corrupt or stale: refitted by the caller
+        return None

@@ -1,0 +1,40 @@
+"""Every constant of the learned ranker in one place (InvertConfig nests it as `learned`)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class LearnedConfig:
+    # --- calibration corpus (data.py): never the prompts being inverted
+    calibration_tokens: int = 49_152  # text + random-id tokens the forward model is fitted on
+    seq_len: int = 64  # calibration rows: positions 0..63 cover typical prompt lengths
+    random_fraction: float = 0.2  # share of calibration tokens that are uniform random ids
+    # --- fit (fit.py): h_t ≈ A [e_v, table_v] + B ĥ_{t−1} + c by ridge on standardised features
+    ridge: float = 1e-3  # λ, relative to the number of fitted positions
+    # --- screening (fit.py, ranker.py): low-rank scores first, exact for the best few
+    screen_rank: int = 128  # smallest rank tried for the whitened token predictions P
+    screen_top: int = 64  # candidates per position scored exactly after the screen
+    screen_agree: float = 0.995  # a rank is kept once its top-1 agrees with full scoring this often
+    gains: tuple[float, ...] = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # shrinkage of the token part
+    validation_rows: int = 32  # fresh calibration-like rows (20 tokens) choosing gain and rank
+    # --- LM prior (last layer, plain states only): + lm_weight · log p_LM(v | prefix) on text-like prompts
+    lm_weight: float = 5.0
+    gate_rows: int = 128  # fresh random-id rows (20 tokens) placing the text/random gate ...
+    gate_margin: float = 1.0  # ... this many nats above their 99th percentile of mean LM log-prob
+    # --- runtime (ranker.py, policy.py); not part of the calibration's cache key
+    max_anchors: int = 1024  # evaluated candidates kept per position for re-ranking
+
+    def fit_key(self) -> str:
+        """The settings a calibration depends on (part of its cache key)."""
+        return repr({k: v for k, v in asdict(self).items() if k != "max_anchors"})
+
+
+def learned_config(config) -> LearnedConfig:
+    """The LearnedConfig of an InvertConfig: its nested `learned` if it has one, else built from
+    its flat `calibration_tokens` (so InvertConfig(calibration_tokens=...) keeps working)."""
+    nested = getattr(config, "learned", None)
+    if isinstance(nested, LearnedConfig):
+        return nested
+    n = getattr(config, "calibration_tokens", None)
+    return LearnedConfig() if n is None else LearnedConfig(calibration_tokens=n)

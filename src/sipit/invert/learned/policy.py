@@ -1,0 +1,56 @@
+"""The `learned` policy: a LinearRanker over a cached Calibration of the tap.
+
+Guesses every position at once, so the loop speculates; position 0 also gets certified lower
+bounds of every token's distance from the table. A policy only orders candidates; the loop verifies.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..policies import Policy
+from .config import learned_config
+from .fit import load_or_calibrate
+from .ranker import LinearRanker
+
+
+class Learned(Policy):
+    name = "learned"
+
+    def __init__(self, tap, config):
+        super().__init__(tap, config)
+        self.learned = learned_config(config)
+        cal, self.calibration_seconds = load_or_calibrate(tap, self.learned)
+        self.ranker = LinearRanker(cal, tap, self.learned.screen_top)
+
+    def begin(self, target, cost):
+        super().begin(target, cost)
+        self.target = target.float()
+        g0, self.d0, self.bounds0 = self.ranker.position0(self.target[0])
+        rest, self.prior = self.ranker.guesses(self.target)
+        self.guess = torch.cat([torch.tensor([g0], device=rest.device), rest])  # [T]
+        self.anchors = {}  # t -> [(ids [n], exact states [n, d] at t on the verified prefix)]
+
+    def guesses(self, t, ids):
+        return self.guess[t:]
+
+    def observe(self, t, ids, states):
+        seen = self.anchors.setdefault(t, [])
+        if sum(len(i) for i, _ in seen) < self.learned.max_anchors:  # the fit saturates long before; bounds memory
+            seen.append((ids, states.to(torch.float32, copy=True)))
+
+    def candidates(self, t, prefix):
+        if t == 0:  # table distances: exact for the screened few, lower bounds for the rest
+            yield from self.d0.argsort().split(self.config.batch_size)
+        else:  # (the loop skips ids already tried)
+            cfg = self.config
+            sizes = [min(cfg.batch_size, cfg.first_batch * 4 ** k) for k in range(8)]
+            yield from self.ranker.ranking(self.target, t, self.prior, sizes, lambda: self._anchors(t))
+
+    def _anchors(self, t):
+        seen = self.anchors.get(t, [])
+        if not seen:
+            return torch.zeros(0, dtype=torch.long), self.target.new_zeros(0, self.target.shape[1])
+        return torch.cat([i for i, _ in seen]), torch.cat([h for _, h in seen])
+
+    def lower_bounds(self, t):
+        return self.bounds0 if t == 0 else None

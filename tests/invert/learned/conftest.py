@@ -1,0 +1,18 @@
+import pytest
+
+from sipit.invert.learned import LearnedConfig
+from sipit.models import load_model
+
+FAST = LearnedConfig(calibration_tokens=4096, validation_rows=8, gate_rows=16)
+
+
+@pytest.fixture(scope="module", params=["tiny-gpt2", "tiny-llama"])
+def lm(request):
+    return load_model(request.param)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty calibration cache for this test."""
+    monkeypatch.setenv("SIPIT_CACHE", str(tmp_path))
+    return tmp_path

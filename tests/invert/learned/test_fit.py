@@ -1,0 +1,64 @@
+import pytest
+import torch
+
+from sipit.invert.learned import Calibration, calibrate, calibrate_layers
+from sipit.invert.learned.fit import Moments
+from sipit.models import LayerTap
+
+from .conftest import FAST
+
+
+def test_streaming_moments_equal_the_batch_ridge():
+    """Batches of float32 rows give the same fit as one float64 solve on standardised features
+    (residuals 1e-3 of the signal's variance: float32 products lose ~1e-7 × var(y) / var(residual))."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(3000, 12, generator=g, dtype=torch.float64) * torch.logspace(-1, 2, 12, dtype=torch.float64) + 5
+    Y = X[:, :5] @ torch.randn(5, 4, generator=g, dtype=torch.float64) + 0.1 * torch.randn(3000, 4, generator=g, dtype=torch.float64)
+    m = Moments()
+    for xb, yb in zip(X.split(700), Y.split(700)):
+        m.add(xb.float(), yb.float())
+    Ws, mx, my, resid = m.ridge(1e-3)
+    mu, sd, ym = X.mean(0), X.std(0), Y.mean(0)
+    Xs = (X - mu) / sd
+    W = torch.linalg.solve(Xs.T @ Xs + 1e-3 * len(X) * torch.eye(12, dtype=torch.float64), Xs.T @ (Y - ym))
+    R = Y - ym - Xs @ W
+    assert torch.allclose(Ws, W / sd[:, None], rtol=1e-3, atol=1e-6)
+    assert torch.allclose(mx, mu, rtol=1e-6) and torch.allclose(my, ym, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(resid, R.T @ R / len(R), rtol=1e-3, atol=1e-6)
+
+
+def test_one_pass_over_layers_equals_one_calibration_per_layer(lm):
+    single = calibrate(LayerTap(lm, 2), FAST)
+    both = calibrate_layers(lm, [1, 2], FAST)
+    assert both[1].key == single.key != both[0].key
+    assert torch.equal(both[1].table, single.table)
+    assert torch.allclose(both[1].P, single.P, rtol=1e-4, atol=1e-4 * float(single.P.abs().max()))
+    assert both[1].gain == single.gain
+
+
+def test_lm_prior_only_at_the_last_layer_of_plain_states(lm):
+    assert not calibrate(LayerTap(lm, 2), FAST).has_prior
+    last = calibrate(LayerTap(lm, lm.n_layers), FAST)
+    assert last.has_prior and last.lm_weight == FAST.lm_weight and last.lm_gate is not None
+
+
+class ProjectedTap:
+    """A tap of another surface (LayerTap's interface): a fixed projection of layer-2 states to 24
+    dimensions, so `dim` differs from d_model and the LM prior does not apply."""
+
+    def __init__(self, lm):
+        self.inner = LayerTap(lm, lm.n_layers)
+        self.lm, self.layer, self.final_norm = lm, self.inner.layer, False
+        self.proj = torch.randn(lm.d_model, 24, generator=torch.Generator().manual_seed(0))
+        self.dim, self.key = 24, f"proj24-L{self.layer}"
+
+    def states(self, ids):
+        return self.inner.states(ids) @ self.proj
+
+
+def test_any_tap_with_dim_and_key_calibrates(lm):
+    tap = ProjectedTap(lm)
+    cal = calibrate(tap, FAST)
+    assert cal.P.shape == (lm.vocab_size, 24) and cal.table.shape == (lm.vocab_size, 24)
+    assert not cal.has_prior and "proj24" in cal.key
+    assert isinstance(cal, Calibration)

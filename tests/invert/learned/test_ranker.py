@@ -1,0 +1,49 @@
+import pytest
+import torch
+
+from sipit.invert.learned import LinearRanker, calibrate
+from sipit.models import LayerTap
+
+from .conftest import FAST
+
+
+@pytest.fixture(scope="module")
+def ranker(lm):
+    tap = LayerTap(lm, 2)
+    return LinearRanker(calibrate(tap, FAST), tap)
+
+
+def test_reranking_fits_offset_and_gain_from_evaluated_candidates(ranker):
+    """Anchors u with exact states W h(u) = b + s·P_u: the fit recovers (b, s), so the token whose
+    state is b + s·P_v ranks first; one anchor g is the plain shift r = W(ĥ − h(g)) + gain·P_g."""
+    W, P = ranker.cal.white.double(), ranker.cal.P.double()
+    g = torch.Generator().manual_seed(0)
+    b, s, v = torch.randn(P.shape[1], generator=g, dtype=torch.float64), 0.37, 5
+    u = torch.tensor([1, 2, 3, 7, 11, 13])
+    unwhite = lambda y: torch.linalg.solve(W, y.T).T  # y [n, d] = h @ W with W symmetric  <=>  h = W^{-1} y
+    states = unwhite(b + s * P[u]).float()
+    target = torch.stack([states[0], unwhite((b + s * P[v])[None])[0].float()])  # position 1 holds token v
+    y, gain = ranker.anchored_residual(target, 1, (u, states))
+    assert gain == pytest.approx(s, rel=1e-3)
+    assert torch.allclose(y.double(), s * P[v], atol=1e-2 * float(P[v].norm()))
+    assert int(ranker.scores(target, 1, False, (u, states)).argmax()) == v
+    y1, gain1 = ranker.anchored_residual(target, 1, (u[:1], states[:1]))
+    assert gain1 == ranker.gain and 0 < ranker.gain <= 1
+    assert torch.allclose(y1, (target[1] - states[0]) @ ranker.cal.white + ranker.gain * ranker.cal.P[1], atol=1e-4)
+
+
+def test_position0_is_exact_for_every_token_and_bounds_are_below_the_truth(lm, ranker):
+    tap = LayerTap(lm, 2)
+    ids = torch.arange(0, lm.vocab_size, 17)
+    states = tap.states(ids[:, None])[:, 0]
+    for v, h in zip(ids.tolist(), states):
+        guess, dist, bounds = ranker.position0(h)
+        assert guess == v or float(dist[guess]) <= 1e-5  # a bit-identical row is as good
+        true = (ranker.cal.table.double() - h.double()).norm(dim=1) / h.double().norm()
+        assert bool((bounds <= true + 1e-6).all())
+
+
+def test_guesses_recover_a_text_prompt(lm, ranker):
+    ids = torch.tensor(lm.encode("The cat sat on the mat and looked at the dog.")[:12])
+    guesses, prior = ranker.guesses(LayerTap(lm, 2).states(ids))
+    assert not prior and float((guesses == ids[1:]).float().mean()) >= 0.8
