@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from sipit.cli import main
-from sipit.collisions import common, exhaustive, sampled
-from sipit.collisions.exhaustive import ExhaustiveConfig
+from sipit.collisions import append_all as exhaustive, common, sampled
+from sipit.collisions.append_all import ExhaustiveConfig
 from sipit.collisions.sampled import SampledConfig
 from sipit.io import SipitError, read_json
 from sipit.models import load_model
@@ -94,12 +94,12 @@ def test_sampled_resumes_after_kill(lm, sampled_run, tmp_path, monkeypatch):
     _, full = sampled_run
     out = tmp_path / "run"
     with monkeypatch.context() as m:  # killed after 3 of 7 state batches
-        kill_after(m, sampled, "save_chunk", 3)
+        kill_after(m, common, "save_chunk", 3)
         with pytest.raises(KeyboardInterrupt):
             sampled.run(lm, CFG, out, progress=False)
     assert len(list((out / "states").glob("*.safetensors"))) == 3 and not (out / "results.json").exists()
     with monkeypatch.context() as m:  # killed again after 2 layers of the analysis
-        saved = kill_after(m, sampled, "save_chunk", 100)
+        saved = kill_after(m, common, "save_chunk", 100)
         kill_after(m, sampled, "analyse_layer", 2)
         with pytest.raises(KeyboardInterrupt):
             sampled.run(lm, CFG, out, progress=False)
@@ -111,7 +111,7 @@ def test_sampled_resumes_after_kill(lm, sampled_run, tmp_path, monkeypatch):
         assert analysed[0] == 3
     assert stable(res.to_dict()) == stable(read_json(full / "results.json"))
     with monkeypatch.context() as m:  # a finished run is not recomputed
-        m.setattr(sampled, "run_layers", None)
+        m.setattr(common, "capture_states", None)
         m.setattr(sampled, "analyse_layer", None)
         assert stable(sampled.run(lm, CFG, out, progress=False).to_dict()) == stable(res.to_dict())
 
@@ -164,11 +164,11 @@ def test_exhaustive_from_sampled_resumes(lm, sampled_run, tmp_path, monkeypatch)
     assert chosen["index"] in (best["i"], best["j"]) and chosen["selected"]["relative"] == best["relative"]
     out = tmp_path / "killed"
     with monkeypatch.context() as m:
-        kill_after(m, exhaustive, "save_chunk", 5)
+        kill_after(m, common, "save_chunk", 5)
         with pytest.raises(KeyboardInterrupt):
             exhaustive.run(lm, cfg, out, progress=False)
     with monkeypatch.context() as m:
-        saved = kill_after(m, exhaustive, "save_chunk", 100)
+        saved = kill_after(m, common, "save_chunk", 100)
         res = exhaustive.run(lm, cfg, out, progress=False)
         assert saved[0] == 3  # 8 batches of 32 candidates, 5 done before the kill
     assert stable(res.to_dict()) == stable(full.to_dict())

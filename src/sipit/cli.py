@@ -62,7 +62,8 @@ def cmd_capture(args):
 
 
 def cmd_invert(args):
-    from .invert import InvertConfig, invert
+    from .engines import invert_batch, make_engine
+    from .invert import InvertConfig
     from .io import write_json, write_jsonl
     from .models import load_model
     from .states import load_states
@@ -77,6 +78,7 @@ def cmd_invert(args):
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: the states file was made with another tokenizer than {model}'s", file=sys.stderr)
     prompts, eps = st.prompts, args.eps
+    out = Path(args.output or Path(args.states).with_suffix(".results.jsonl"))
     if args.noise:  # relative noise of norm sigma*||h_t|| per position; eps must then exceed sigma
         from .invert.robust import add_noise
         from .invert.verify import tolerance
@@ -99,9 +101,9 @@ def cmd_invert(args):
     else:
         config = InvertConfig(policy=args.policy, batch_size=args.batch_size, eps=eps,
                               max_seconds=args.max_seconds)
-        result = invert(lm, prompts, layer, config, final_norm=final_norm, progress=not args.quiet,
-                        true_ids=st.ids)
-    out = Path(args.output or Path(args.states).with_suffix(".results.jsonl"))
+        result = invert_batch(make_engine(args.engine, args.workers), lm, prompts, layer, config,
+                              final_norm=final_norm, progress=not args.quiet, true_ids=st.ids,
+                              parts_dir=None if args.engine == "local" else out.with_suffix(".parts"))
     summary = dict(states=str(args.states), noise=args.noise, **result.summary())
     write_jsonl(out, [p.to_json() for p in result.prompts])
     summary_path = write_json(out.with_suffix(".summary.json"), summary)
@@ -194,20 +196,22 @@ def _print_layers(series: list[dict]) -> None:
 
 def cmd_collisions(args):
     from .collisions.sampled import SampledConfig, run
+    from .engines import make_engine
     from .models import load_model
 
     lm = load_model(args.model, precision=args.precision, device=args.device)
     cfg = SampledConfig(corpus=args.corpus, length=args.length, layers=args.layers, seed=args.seed,
                         final_norm=args.final_norm, threshold=args.threshold, keep=args.keep,
                         batch_size=args.batch_size)
-    res = run(lm, cfg, args.output, progress=not args.quiet)
+    res = run(lm, cfg, args.output, progress=not args.quiet, engine=make_engine(args.engine, args.workers))
     _print_layers(res.to_dict()["series"])
     print(f"states {res.seconds['states']:.1f}s, pairwise {res.seconds['pairwise']:.1f}s, "
           f"this run {res.seconds['this_run']:.1f}s (load {res.load['start']}) -> {args.output}")
 
 
 def cmd_exhaustive(args):
-    from .collisions.exhaustive import ExhaustiveConfig, run
+    from .collisions.append_all import ExhaustiveConfig, run
+    from .engines import make_engine
     from .models import load_model
 
     lm = load_model(args.model, precision=args.precision, device=args.device)
@@ -215,7 +219,7 @@ def cmd_exhaustive(args):
                            length=args.length, seed=args.seed, final_norm=args.final_norm,
                            threshold=args.threshold, keep=args.keep, batch_size=args.batch_size,
                            keep_states=args.keep_states)
-    res = run(lm, cfg, args.output, progress=not args.quiet)
+    res = run(lm, cfg, args.output, progress=not args.quiet, engine=make_engine(args.engine, args.workers))
     _print_layers(res.to_dict()["series"])
     for k, layers in enumerate(res.layers):
         st = layers[0]["structural"]
@@ -250,6 +254,7 @@ def add_model(parser, default="smollm2"):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .engines import add_engine_options
     from .models import PRECISIONS
 
     p = argparse.ArgumentParser(prog="sipit", description="Invert language-model hidden states and test injectivity.")
@@ -297,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add relative Gaussian noise of norm SIGMA*||h_t|| per position first (eps default: 1.01*SIGMA + tol)")
     s.add_argument("--seed", type=int, default=0, help="noise seed")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_engine_options(s)
     s.set_defaults(fn=cmd_invert)
 
     s = sub.add_parser("reproduce", help="the paper's inversion tables at our scale, next to the paper's numbers")
@@ -343,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--batch-size", type=int, default=batch, help=f"states per forward pass (default {batch})")
         s.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
         s.add_argument("-o", "--output", required=True, help="run directory (rerun with the same options to resume)")
+        add_engine_options(s)
 
     s = sub.add_parser("collisions", help="minimum pairwise distance of last-token states of sampled prompts, per layer")
     collision_options(s, "all", "'all' (default) or a list like 1,15,-1", 64)

@@ -18,6 +18,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as st_save
 
+from tqdm import tqdm
+
 from ..io import SipitError, atomic_write, read_json, write_json
 from .pairwise import min_pairwise
 
@@ -68,6 +70,42 @@ def open_run_dir(out_dir: Path, kind: str, config: dict, info: dict) -> None:
         return
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     write_json(path, {"kind": kind, "config": config, **info})
+
+
+def capture_states(job: dict, batch: tuple[int, torch.Tensor]) -> tuple[dict[str, torch.Tensor], float]:
+    """An engine task: the states of one batch of prompts at job's layers, on the CPU.
+
+    job: model (engines.ModelRef), layers, final_norm, and `prefix` (ids) for the append-every-token
+    test, whose batch holds candidate tokens appended to that prefix. batch: (start, ids [B, T] or
+    candidate ids [B]). Returns ({layer key: [B, d]} last-token states, seconds)."""
+    from ..engines import worker_model
+    from ..models import LayerTap, run_layers
+
+    t = time.perf_counter()
+    lm, layers = worker_model(job["model"]), job["layers"]
+    ids = batch[1].to(lm.device)
+    with torch.no_grad():
+        if job.get("prefix") is None:
+            states = [h[:, -1] for h in run_layers(lm, layers, ids=ids, final_norm=job["final_norm"])]
+        else:
+            tap = LayerTap(lm, max(layers), final_norm=job["final_norm"])
+            prefix = tap.prefill(torch.tensor(job["prefix"], device=lm.device))
+            states = tap.extend_layers(prefix, ids, layers)
+    return {layer_key(l): h.cpu() for l, h in zip(layers, states)}, time.perf_counter() - t
+
+
+def run_batches(engine, job: dict, batches: list[tuple[int, torch.Tensor]], chunks: list[Path],
+                progress: bool, desc: str) -> None:
+    """Capture the states of every batch whose chunk file is missing (the resume unit), on engine;
+    each chunk is written once, atomically, by this process as its task finishes."""
+    from ..engines import LocalEngine
+
+    todo = [(b, c) for b, c in zip(batches, chunks) if not c.exists()]
+    bar = tqdm(total=len(todo), disable=not progress, desc=desc, unit="batch")
+    for k, (states, seconds) in (engine or LocalEngine()).map(capture_states, [b for b, _ in todo], job):
+        save_chunk(todo[k][1], states, seconds)
+        bar.update()
+    bar.close()
 
 
 def save_chunk(path: Path, states: dict[str, torch.Tensor], seconds: float) -> None:
@@ -140,10 +178,11 @@ def distribution(x: torch.Tensor, scale: float, rows: int = 1024, seed: int = 0)
 
 
 def analyse_layer(x: torch.Tensor, groups: torch.Tensor, *, layer: int, threshold: float, keep: int,
-                  progress: bool = False, max_classes: int = 50) -> dict:
+                  progress: bool = False, max_classes: int = 50, engine=None) -> dict:
     """Minimum pairwise distance of the rows of x [N, d] whose structural classes are `groups` [N]
     (groups[i] = representative row of row i, see group_ids). Row indices in the output refer to x.
 
+    engine (sipit.engines): where the pairwise search's panels run (default: this process).
     Returns a JSON-able dict: the minimum over non-structural pairs (exact, float64) and relative to
     the median row norm, the `keep` closest pairs, the pairs at distance <= threshold, the
     distribution of distances on a row subsample, and the structural classes with the largest
@@ -168,7 +207,7 @@ def analyse_layer(x: torch.Tensor, groups: torch.Tensor, *, layer: int, threshol
         return out
     # the engine's absolute-distance histogram is not reported here (hist_rows small):
     # `distribution` gives the relative distances and quantiles the plots need
-    res = min_pairwise(x[reps], threshold=threshold, keep=keep, progress=progress, hist_rows=64)
+    res = min_pairwise(x[reps], threshold=threshold, keep=keep, progress=progress, hist_rows=64, engine=engine)
     rel = (lambda d: d / median_norm) if median_norm > 0 else (lambda d: 0.0)
     pair = lambda i, j, d: dict(i=int(reps[i]), j=int(reps[j]), distance=d, relative=rel(d))  # noqa: E731
     below = [pair(*p) for p in res.below_pairs]

@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..engines import ModelRef
 from ..io import SipitError, atomic_write, write_json
-from ..models import LM, run_layers
-from .common import (analyse_layer, cached_json, chunk_seconds, embedding_classes, group_ids, layer_key,
-                     load_avg, load_layer, open_run_dir, parse_layers, save_chunk)
+from ..models import LM
+from .common import (analyse_layer, cached_json, chunk_seconds, embedding_classes, group_ids, load_avg,
+                     load_layer, open_run_dir, parse_layers, run_batches)
 
 
 @dataclass
@@ -81,7 +82,9 @@ def structural_groups(ids: list[list[int]], classes: torch.Tensor, layer: int) -
     return group_ids([(len(c), c[-1]) if layer == 0 else c for c in canon])
 
 
-def run(lm: LM, cfg: SampledConfig, out_dir: str | Path, progress: bool = True) -> SampledResult:
+def run(lm: LM, cfg: SampledConfig, out_dir: str | Path, progress: bool = True, engine=None) -> SampledResult:
+    """The sampled collision test in run directory `out_dir` (resumes a killed run). engine
+    (sipit.engines): where state capture and the pairwise panels run; default this process."""
     t_start, load_start = time.perf_counter(), load_avg()
     out = Path(out_dir)
     layers = parse_layers(cfg.layers, lm.n_layers)
@@ -104,19 +107,15 @@ def run(lm: LM, cfg: SampledConfig, out_dir: str | Path, progress: bool = True) 
 
     starts = range(0, len(ids), cfg.batch_size)
     chunks = [out / "states" / f"batch_{b:05d}.safetensors" for b in range(len(starts))]
-    todo = [(s, c) for s, c in zip(starts, chunks) if not c.exists()]
-    for s, chunk in tqdm(todo, disable=not progress, desc="states", unit="batch"):
-        t = time.perf_counter()
-        batch = torch.tensor(ids[s : s + cfg.batch_size])  # [B, T]
-        with torch.no_grad():
-            states = run_layers(lm, layers, ids=batch, final_norm=cfg.final_norm)  # each [B, T, d]
-        save_chunk(chunk, {layer_key(l): h[:, -1] for l, h in zip(layers, states)}, time.perf_counter() - t)
+    job = dict(model=ModelRef.of(lm), layers=layers, final_norm=cfg.final_norm)
+    batches = [(s, torch.tensor(ids[s : s + cfg.batch_size])) for s in starts]  # [B, T] each
+    run_batches(engine, job, batches, chunks, progress, "states")
 
     classes = embedding_classes(lm)
 
     def analyse(layer):
         res = analyse_layer(load_layer(chunks, layer), structural_groups(ids, classes, layer), layer=layer,
-                            threshold=cfg.threshold, keep=cfg.keep)
+                            threshold=cfg.threshold, keep=cfg.keep, engine=engine)
         for p in res["closest"]:
             p.update(text_i=prompts[p["i"]]["text"], text_j=prompts[p["j"]]["text"],
                      source_i=prompts[p["i"]]["source"], source_j=prompts[p["j"]]["source"])
