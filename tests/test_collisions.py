@@ -176,7 +176,7 @@ def test_exhaustive_from_sampled_resumes(lm, sampled_run, tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("cfg,msg", [
-    (SampledConfig(corpus="prose:10", layers="7"), "unknown layer 7"),
+    (SampledConfig(corpus="prose:10", layers="7"), "layer 7 out of range"),
     (SampledConfig(corpus="prose:10", layers="1,x"), "bad layer 'x'"),
     (SampledConfig(corpus="prose=10"), "bad corpus spec"),
     (SampledConfig(corpus="nosuchcorpus:10"), "unknown corpus"),
@@ -211,7 +211,7 @@ def test_cli_collisions_exhaustive_report(tmp_path, capsys):
     assert main(["report", e]) == 0
     assert "| layer 1 |" in capsys.readouterr().out
     # bad input: one line on stderr, exit code 2
-    for args, msg in [(["collisions", "--model", "tiny-gpt2", "--layers", "9", "-o", s], "unknown layer 9"),
+    for args, msg in [(["collisions", "--model", "tiny-gpt2", "--layers", "9", "-o", s], "layer 9 out of range"),
                       (["collisions", "--model", "tiny-gpt2", "--corpus", "code", "-o", str(tmp_path / "x")], "bad corpus spec"),
                       (["collisions", "--model", "tiny-gpt2", "--corpus", "code:20,random:20", "--length", "5",
                         "--layers", "1,-1", "--seed", "1", "-o", s], "different config"),

@@ -46,8 +46,8 @@ class KillingRay(RayEngine):
         super().__init__(num_cpus=2)
         self.marker = marker
 
-    def map(self, fn, items, shared=None):
-        return super().map(KillOnce(fn, self.marker), items, shared)
+    def map(self, fn, items, shared=None, gpu=False):
+        return super().map(KillOnce(fn, self.marker), items, shared, gpu)
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +159,7 @@ def test_batch_inversion_ray_equals_local(lm, ray_engine, tmp_path):
 
 
 class _NoTasks(LocalEngine):
-    def map(self, fn, items, shared=None):
+    def map(self, fn, items, shared=None, gpu=False):
         assert not list(items), "everything was already done"
         return iter(())
 

@@ -241,7 +241,9 @@ def cmd_report(args):
 def cmd_bench(args, rest):
     names = BENCHMARKS if args.name == "all" else [args.name]
     for name in names:
-        importlib.import_module(f"sipit.bench.{name}").main([*rest, "--threads", str(args.threads)])
+        module = importlib.import_module(f"sipit.bench.{name}")
+        device = ["--device", args.device] if getattr(module, "TAKES_DEVICE", False) else []
+        module.main([*rest, "--threads", str(args.threads), *device])
 
 
 def add_model(parser, default="smollm2"):

@@ -67,7 +67,8 @@ class LocalEngine:
 
     name = "local"
 
-    def map(self, fn: Callable, items: Iterable, shared=None) -> Iterator[tuple[int, Any]]:
+    def map(self, fn: Callable, items: Iterable, shared=None, gpu: bool = False) -> Iterator[tuple[int, Any]]:
+        """(index, fn(shared, item)) for every item; gpu: the tasks want a GPU (Ray engine only)."""
         for k, item in enumerate(items):
             yield k, fn(shared, item)
 
@@ -83,7 +84,7 @@ class RayEngine:
     (up to TASK_RETRIES times), results come back as they finish.
 
     address: None = start a local Ray with `num_cpus` CPUs (default: all); else a cluster address.
-    num_gpus: GPUs per task (default: 1 when the cluster has GPUs and the model is on CUDA, else 0).
+    num_gpus: GPUs per task (default: 1 for tasks that want one (map's gpu) when the cluster has GPUs).
     """
 
     name = "ray"
@@ -105,12 +106,11 @@ class RayEngine:
     def workers(self) -> int:
         return int(self.start().cluster_resources().get("CPU", 1))
 
-    def map(self, fn: Callable, items: Iterable, shared=None) -> Iterator[tuple[int, Any]]:
+    def map(self, fn: Callable, items: Iterable, shared=None, gpu: bool = False) -> Iterator[tuple[int, Any]]:
         ray = self.start()
         gpus = self.num_gpus
-        if gpus is None:
-            on_cuda = isinstance(shared, ModelRef) and shared.device.startswith("cuda")
-            gpus = 1 if on_cuda and ray.cluster_resources().get("GPU", 0) >= 1 else 0
+        if gpus is None:  # one GPU per task when the tasks want one and the cluster has GPUs
+            gpus = 1 if gpu and ray.cluster_resources().get("GPU", 0) >= 1 else 0
         task = ray.remote(_run_task).options(num_cpus=1, num_gpus=gpus, max_retries=TASK_RETRIES)
         ref = ray.put(shared)
         pending = {task.remote(fn, self.threads, ref, item): k for k, item in enumerate(items)}
@@ -151,7 +151,8 @@ def invert_batch(engine, lm, states: list[torch.Tensor], layer: int, config=None
     todo = [k for k in range(len(items)) if k not in done]
     bar = tqdm(total=len(states), initial=len(states) - sum(len(items[k][0]) for k in todo), disable=not progress,
                desc=f"sipit L{layer} ({engine.name})", unit="prompt")
-    for t, res in engine.map(_invert_chunk, [items[k] for k in todo], job):
+    gpu = job["model"].device.startswith("cuda")
+    for t, res in engine.map(_invert_chunk, [items[k] for k in todo], job, gpu=gpu):
         k = todo[t]
         if paths[k] is not None:
             atomic_write(paths[k], pickle.dumps(res))

@@ -119,7 +119,7 @@ def run(lm: LM, cfg: ExhaustiveConfig, out_dir: str | Path, progress: bool = Tru
     t_start, load_start = time.perf_counter(), load_avg()
     out = Path(out_dir)
     L = lm.n_layers
-    layers = parse_layers(cfg.layers if cfg.layers is not None else [1, L // 2, L], L)
+    layers = parse_layers(cfg.layers if cfg.layers is not None else [1, L // 2, L], lm)
     if cfg.prefixes < 1 or cfg.batch_size < 1 or cfg.keep < 1 or cfg.threshold < 0:
         raise SipitError("prefixes, batch_size and keep must be >= 1 and threshold >= 0")
     config = {**asdict(cfg), "layers": layers, "model": lm.name, "precision": lm.precision,

@@ -24,21 +24,18 @@ from ..io import SipitError, atomic_write, read_json, write_json
 from .pairwise import min_pairwise
 
 
-def parse_layers(spec, n_layers: int) -> list[int]:
-    """'all' | '1,15,-1' | [1, 15, -1] -> sorted distinct indices in 0..n_layers."""
+def parse_layers(spec, lm) -> list[int]:
+    """'all' (or None) | '1,15,-1' | [1, 15, -1] -> sorted distinct layers of lm, each normalised by
+    LM.layer_index (the one place that knows a model's layers: 0..L, negative from the end)."""
     if spec is None or spec == "all":
-        return list(range(n_layers + 1))
-    items = spec.split(",") if isinstance(spec, str) else list(spec)
+        return list(range(lm.n_layers + 1))
     out = set()
-    for item in items:
+    for item in spec.split(",") if isinstance(spec, str) else spec:
         try:
             layer = int(item)
         except ValueError:
             raise SipitError(f"bad layer {item!r} in --layers: use 'all' or integers like 1,15,-1") from None
-        if not -(n_layers + 1) <= layer <= n_layers:
-            raise SipitError(f"unknown layer {layer}: this model has layers 0..{n_layers} "
-                             f"(0 = embeddings, i = after block i) or -1..-{n_layers + 1} from the end")
-        out.add(layer % (n_layers + 1))
+        out.add(lm.layer_index(layer))
     if not out:
         raise SipitError("no layer given in --layers")
     return sorted(out)
@@ -102,7 +99,8 @@ def run_batches(engine, job: dict, batches: list[tuple[int, torch.Tensor]], chun
 
     todo = [(b, c) for b, c in zip(batches, chunks) if not c.exists()]
     bar = tqdm(total=len(todo), disable=not progress, desc=desc, unit="batch")
-    for k, (states, seconds) in (engine or LocalEngine()).map(capture_states, [b for b, _ in todo], job):
+    gpu = job["model"].device.startswith("cuda")
+    for k, (states, seconds) in (engine or LocalEngine()).map(capture_states, [b for b, _ in todo], job, gpu=gpu):
         save_chunk(todo[k][1], states, seconds)
         bar.update()
     bar.close()

@@ -80,8 +80,8 @@ def min_pairwise(
     """Exact closest pairs among the rows of x: Tensor[N, d] (any float dtype, on any device: the
     screen and the float64 recheck run where x is).
 
-    The rows i are cut into panels of about `panel_pairs` pairs (default PANEL_PAIRS) (i, j > i); each panel is one task of
-    `engine` (sipit.engines; default: in this process). A panel's `keep` closest pairs are exact, so
+    The rows i are cut into panels of about `panel_pairs` (default PANEL_PAIRS) pairs (i, j > i),
+    each one task of `engine` (sipit.engines; default: in this process). A panel's `keep` closest pairs are exact, so
     the `keep` smallest of their union are the global ones, and below-threshold counts add up.
     block: rows per tile (see tile_grid); default from the free memory of x's device. A tile is a
     [block, 4*block] float32 buffer (16 MiB at 1024); the share computed in vain is ~block/N.
@@ -94,16 +94,18 @@ def min_pairwise(
     if n < 2 or keep < 1:
         raise ValueError(f"need at least 2 rows and keep >= 1, got n={n}, keep={keep}")
     x = x.detach()  # the truth: the original vectors, rechecked in float64
-    A, _, sq, mean_norm, c = _operands(x)
+    A, B, sq, mean_norm, c = _operands(x)
     if not math.isfinite(mean_norm):  # any NaN/inf entry makes its row norm NaN/inf
         raise ValueError("x has NaN or infinite entries")
     block = min(block or default_block(x.device), n)
-    job = dict(x=x if engine is None or isinstance(engine, LocalEngine) else x.cpu(), threshold=threshold,
-               keep=keep, block=block, max_below=max_below)
+    engine = engine or LocalEngine()
+    local = isinstance(engine, LocalEngine)  # else x travels through Ray's object store, from the CPU
+    job = dict(x=x if local else x.cpu(), device=str(x.device), threshold=threshold, keep=keep, block=block,
+               max_below=max_below, operands=(A, B) if local else None)  # a Ray worker makes its own
     bounds = panels(n, panel_pairs or PANEL_PAIRS)
     found = []
     bar = tqdm(total=len(bounds), disable=not progress, desc="pairwise", unit="panel")
-    for _, panel in (engine or LocalEngine()).map(search_panel, bounds, job):
+    for _, panel in engine.map(search_panel, bounds, job, gpu=x.device.type == "cuda"):
         found.append(panel)
         bar.update()
     bar.close()
@@ -138,10 +140,11 @@ def default_block(device: torch.device) -> int:
 def search_panel(job: dict, rows: tuple[int, int]) -> Panel:
     """The exact search of all pairs (i, j) with i in rows = [r0, r1), j > i (an engine task).
     On a device's out-of-memory error the block is halved and the panel searched again."""
-    block = job["block"]
+    block, x = job["block"], job["x"].to(job["device"])
     while True:
         try:
-            return _search(job["x"], rows, block, job["threshold"], job["keep"], job["max_below"])
+            return _search(x, job["operands"] or _operands(x)[:2], rows, block, job["threshold"], job["keep"],
+                           job["max_below"])
         except torch.OutOfMemoryError:
             if block <= 16:
                 raise
@@ -173,11 +176,12 @@ def _exact_d2(x: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> np.ndarray:
                       for s in range(0, len(i), 8192)]).cpu().numpy()
 
 
-def _search(x: torch.Tensor, rows: tuple[int, int], block: int, threshold: float, keep: int,
-            max_below: int) -> Panel:
-    """Screen the tiles of row panel `rows` with the certified fp32 GEMM; recheck in float64 every
-    pair that could be among the `keep` closest or below `threshold`."""
-    A, B, _, _, _ = _operands(x)
+def _search(x: torch.Tensor, operands: tuple[torch.Tensor, torch.Tensor], rows: tuple[int, int], block: int,
+            threshold: float, keep: int, max_below: int) -> Panel:
+    """Screen the tiles of row panel `rows` with the certified fp32 GEMM on the operands (A, B) of
+    _operands(x); recheck in float64 every pair that could be among the `keep` closest or below
+    `threshold`."""
+    A, B = operands
     dev = x.device
     thr2 = threshold**2 * (1 + 1e-9)
     best = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))  # i, j, d2 of the closest
@@ -189,7 +193,7 @@ def _search(x: torch.Tensor, rows: tuple[int, int], block: int, threshold: float
     buf = torch.empty(block * width, device=dev)
     lower = torch.zeros(block, block, device=dev).masked_fill_(
         torch.ones(block, block, dtype=torch.bool, device=dev).tril(), math.inf)
-    with _fp32_highest():  # no TF32/bf16 shortcuts in the screen
+    with fp32_highest():  # no TF32/bf16 shortcuts in the screen
         for i0, j0 in tiles:
             a, b = A[i0 : min(i0 + block, rows[1])], B[j0 : j0 + width]
             t = torch.mm(a, b.T, out=buf[: len(a) * len(b)].view(len(a), len(b)))  # [bi, bj] screen
@@ -262,7 +266,7 @@ def _centre(x: torch.Tensor, out: torch.Tensor, chunk: int = 4096) -> tuple[torc
 
 
 @contextmanager
-def _fp32_highest():
+def fp32_highest():
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:

@@ -87,7 +87,7 @@ def run(lm: LM, cfg: SampledConfig, out_dir: str | Path, progress: bool = True, 
     (sipit.engines): where state capture and the pairwise panels run; default this process."""
     t_start, load_start = time.perf_counter(), load_avg()
     out = Path(out_dir)
-    layers = parse_layers(cfg.layers, lm.n_layers)
+    layers = parse_layers(cfg.layers, lm)
     if cfg.length < 1 or cfg.batch_size < 1 or cfg.keep < 1 or cfg.threshold < 0:
         raise SipitError("length, batch_size and keep must be >= 1 and threshold >= 0")
     config = {**asdict(cfg), "layers": layers, "model": lm.name, "precision": lm.precision,
