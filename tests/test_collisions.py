@@ -219,3 +219,29 @@ def test_cli_collisions_exhaustive_report(tmp_path, capsys):
         assert main(args) == 2
         err = capsys.readouterr().err
         assert msg in err and err.count("\n") == 1
+
+
+def test_cli_collisions_on_a_prompt_file_line_by_line(tmp_path, capsys):
+    from sipit.cli import main
+    from sipit.models import load_model
+
+    lines = ["The cat sat.", "A much longer line about the weather today.", "Hi", "The cat sat on the mat.",
+             "Code: x = 1", "Hi"]  # mixed lengths, one repeated line
+    f = tmp_path / "prompts.txt"
+    f.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "run"
+    assert main(["--threads", "1", "collisions", "--model", "tiny-gpt2", "--corpus", str(f), "--layers", "1,-1",
+                 "--batch-size", "2", "-q", "-o", str(out)]) == 0
+    assert "5 sampled prompts" in capsys.readouterr().out
+    prompts = [json.loads(s) for s in (out / "prompts.jsonl").read_text().splitlines()]
+    assert [p["text"] for p in prompts] == lines[:5]  # every distinct line, in order, as given
+    lm = load_model("tiny-gpt2")
+    assert [p["ids"] for p in prompts] == [lm.tokenizer(t, add_special_tokens=False)["input_ids"] for t in lines[:5]]
+    result = read_json(out / "results.json")
+    for r in result["series"][0]["layers"]:  # each prompt's own last-token state, in prompt order
+        x = torch.stack([lm_state(lm, p["ids"], r["layer"]) for p in prompts])
+        groups = sampled.structural_groups([p["ids"] for p in prompts], common.embedding_classes(lm), r["layer"])
+        assert r["min_distance"] == pytest.approx(brute_min(x, groups), rel=1e-6)
+        assert {(p["i"], p["j"]) for p in r["closest"]} == {(i, j) for i in range(5) for j in range(i + 1, 5)}
+        for p in r["closest"]:  # rows map back to the right prompts though batched by length
+            assert p["distance"] == pytest.approx(float((x[p["i"]].double() - x[p["j"]].double()).norm()), rel=1e-5)

@@ -26,10 +26,11 @@ def cmd_models(args):
 
 
 def cmd_corpora(args):
-    from .corpora import CORPORA, available
+    from .corpora import CORPORA, SPEC_HELP, available
 
     for name, ok in available().items():
         print(f"{name:10s} {'available' if ok else 'not installed':14s} {CORPORA[name][0]}")
+    print(f"\nA corpus spec is a comma-separated list of {SPEC_HELP}.")
 
 
 def _prompts(lm, args) -> list[list[int]]:
@@ -194,13 +195,19 @@ def _print_layers(series: list[dict]) -> None:
                   f"   {r['below_threshold']:10d}  {r['structural']['pairs']:10d}")
 
 
+def _length(args) -> int | None:
+    from .corpora import default_length
+
+    return args.length if args.length is not None else default_length(args.corpus)
+
+
 def cmd_collisions(args):
     from .collisions.sampled import SampledConfig, run
     from .engines import make_engine
     from .models import load_model
 
     lm = load_model(args.model, precision=args.precision, device=args.device)
-    cfg = SampledConfig(corpus=args.corpus, length=args.length, layers=args.layers, seed=args.seed,
+    cfg = SampledConfig(corpus=args.corpus, length=_length(args), layers=args.layers, seed=args.seed,
                         final_norm=args.final_norm, threshold=args.threshold, keep=args.keep,
                         batch_size=args.batch_size)
     res = run(lm, cfg, args.output, progress=not args.quiet, engine=make_engine(args.engine, args.workers))
@@ -216,7 +223,7 @@ def cmd_exhaustive(args):
 
     lm = load_model(args.model, precision=args.precision, device=args.device)
     cfg = ExhaustiveConfig(prefixes=args.prefixes, layers=args.layers, source=args.source, corpus=args.corpus,
-                           length=args.length, seed=args.seed, final_norm=args.final_norm,
+                           length=_length(args), seed=args.seed, final_norm=args.final_norm,
                            threshold=args.threshold, keep=args.keep, batch_size=args.batch_size,
                            keep_states=args.keep_states)
     res = run(lm, cfg, args.output, progress=not args.quiet, engine=make_engine(args.engine, args.workers))
@@ -343,7 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     def collision_options(s, layers_default, layers_help, batch):
         add_model(s)
         s.add_argument("--layers", default=layers_default, help=layers_help)
-        s.add_argument("--length", type=int, default=20, help="tokens per sampled prompt (default 20)")
+        s.add_argument("--length", type=int, default=None,
+                       help="tokens per sampled prompt (default 20; a corpus file without a count: its lines as they are)")
         s.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
         s.add_argument("--final-norm", action="store_true", help="states after the model's final norm")
         s.add_argument("--threshold", type=float, default=1e-6, help="collision threshold on the L2 distance (default 1e-6)")
@@ -356,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("collisions", help="minimum pairwise distance of last-token states of sampled prompts, per layer")
     collision_options(s, "all", "'all' (default) or a list like 1,15,-1", 64)
     s.add_argument("--corpus", default="prose:2000,code:2000,random:1000",
-                   help="corpus spec NAME:N,... (names from sipit.corpora or .txt/.jsonl files)")
+                   help="corpus spec, comma-separated: NAME:N (see `sipit corpora`), FILE.txt:N (N spans of "
+                        "--length tokens) or FILE.txt (every line as a prompt); .jsonl files too")
     s.set_defaults(fn=cmd_collisions)
 
     s = sub.add_parser("exhaustive", help="append every vocabulary token to the closest prefixes and compare all pairs")

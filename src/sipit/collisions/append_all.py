@@ -42,7 +42,7 @@ class ExhaustiveConfig:
     layers: str | list[int] | None = None  # 'all', '1,15,-1' or a list; None = 1, L/2, L
     source: str | None = None  # a `sipit collisions` run dir to take the prefixes from
     corpus: str = "prose:200,code:200,random:100"  # without source: prompts sampled here instead
-    length: int = 20
+    length: int | None = 20  # of the sampled prompts; None: the lines of a corpus file as they are
     seed: int = 0
     final_norm: bool = False
     threshold: float = 1e-6
@@ -145,7 +145,7 @@ def run(lm: LM, cfg: ExhaustiveConfig, out_dir: str | Path, progress: bool = Tru
         chunks = [pdir / "states" / f"batch_{b:05d}.safetensors" for b in range(len(starts))]
         if not all(f.exists() for f in layer_files):
             job = dict(model=ModelRef.of(lm), layers=layers, final_norm=cfg.final_norm, prefix=prefix_info["ids"])
-            batches = [(s, torch.arange(s, min(s + B, V))) for s in starts]  # candidate tokens [B]
+            batches = [torch.arange(s, min(s + B, V)) for s in starts]  # candidate tokens [B]
             run_batches(engine, job, batches, chunks, progress, f"prefix {k} states")
 
         def analyse(layer):

@@ -69,18 +69,18 @@ def open_run_dir(out_dir: Path, kind: str, config: dict, info: dict) -> None:
     write_json(path, {"kind": kind, "config": config, **info})
 
 
-def capture_states(job: dict, batch: tuple[int, torch.Tensor]) -> tuple[dict[str, torch.Tensor], float]:
+def capture_states(job: dict, ids: torch.Tensor) -> tuple[dict[str, torch.Tensor], float]:
     """An engine task: the states of one batch of prompts at job's layers, on the CPU.
 
     job: model (engines.ModelRef), layers, final_norm, and `prefix` (ids) for the append-every-token
-    test, whose batch holds candidate tokens appended to that prefix. batch: (start, ids [B, T] or
-    candidate ids [B]). Returns ({layer key: [B, d]} last-token states, seconds)."""
+    test, whose batch holds candidate tokens appended to that prefix. ids: prompts [B, T], or
+    candidate tokens [B] with a prefix. Returns ({layer key: [B, d]} last-token states, seconds)."""
     from ..engines import worker_model
     from ..models import LayerTap, run_layers
 
     t = time.perf_counter()
     lm, layers = worker_model(job["model"]), job["layers"]
-    ids = batch[1].to(lm.device)
+    ids = ids.to(lm.device)
     with torch.no_grad():
         if job.get("prefix") is None:
             states = [h[:, -1] for h in run_layers(lm, layers, ids=ids, final_norm=job["final_norm"])]
@@ -91,7 +91,7 @@ def capture_states(job: dict, batch: tuple[int, torch.Tensor]) -> tuple[dict[str
     return {layer_key(l): h.cpu() for l, h in zip(layers, states)}, time.perf_counter() - t
 
 
-def run_batches(engine, job: dict, batches: list[tuple[int, torch.Tensor]], chunks: list[Path],
+def run_batches(engine, job: dict, batches: list[torch.Tensor], chunks: list[Path],
                 progress: bool, desc: str) -> None:
     """Capture the states of every batch whose chunk file is missing (the resume unit), on engine;
     each chunk is written once, atomically, by this process as its task finishes."""
