@@ -174,3 +174,12 @@ def test_cli_engine_ray(tmp_path, capsys, ray_engine):
     assert main([*args, str(tmp_path / "l")]) == 0
     assert stable(read_json(out / "results.json")) == stable(read_json(tmp_path / "l" / "results.json"))
     assert engines._MODELS  # the driver registered its model for its own tasks
+
+
+def _refuse(shared, item):
+    raise SipitError(f"bad item {item}")
+
+
+def test_task_error_is_one_clear_error(ray_engine):
+    with pytest.raises(SipitError, match="^bad item 0$"):
+        list(ray_engine.map(_refuse, [0]))

@@ -114,10 +114,20 @@ class RayEngine:
         task = ray.remote(_run_task).options(num_cpus=1, num_gpus=gpus, max_retries=TASK_RETRIES)
         ref = ray.put(shared)
         pending = {task.remote(fn, self.threads, ref, item): k for k, item in enumerate(items)}
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            k = pending.pop(done[0])
-            yield k, ray.get(done[0])  # a task's own error (e.g. SipitError) is raised here, typed
+        try:
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                k = pending.pop(done[0])
+                try:
+                    out = ray.get(done[0])
+                except ray.exceptions.RayTaskError as e:  # a task's own error: bad input says so in one line
+                    if isinstance(e.cause, SipitError):
+                        raise e.cause from None
+                    raise
+                yield k, out
+        finally:  # interrupted or failed: nothing keeps running for a driver that is gone
+            for r in pending:
+                ray.cancel(r)
 
 
 def _invert_chunk(job: dict, chunk: tuple[list, list | None]):

@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save as st_save
-
 from tqdm import tqdm
 
 from ..io import SipitError, atomic_write, read_json, write_json
