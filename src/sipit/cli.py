@@ -89,6 +89,8 @@ def cmd_invert(args):
         eps = eps if eps is not None else args.noise * 1.01 + tolerance(prompts[0].dtype)
         print(f"added relative noise sigma={args.noise:g} (seed {args.seed}); eps={eps:.3g}", file=sys.stderr)
     if args.policy in ("bruteforce", "hardprompts"):  # the paper's baselines (invert/baselines.py)
+        if args.engine != "local":
+            raise SipitError(f"--engine {args.engine} runs SipIt's policies; the {args.policy} baseline runs locally")
         from .invert.baselines import HardPromptsConfig, run_method
 
         if args.policy == "hardprompts" and not args.quiet:

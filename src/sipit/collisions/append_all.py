@@ -150,7 +150,7 @@ def run(lm: LM, cfg: ExhaustiveConfig, out_dir: str | Path, progress: bool = Tru
 
         def analyse(layer):
             res = analyse_layer(load_layer(chunks, layer), classes, layer=layer, threshold=cfg.threshold,
-                                keep=cfg.keep, progress=progress, engine=engine)
+                                keep=cfg.keep, progress=progress, engine=engine, device=lm.device)
             for p in res["closest"]:  # how far apart the two tokens already were at the input
                 p.update(text_i=lm.decode([p["i"]]), text_j=lm.decode([p["j"]]),
                          embedding_distance=float((emb[p["i"]].double() - emb[p["j"]].double()).norm()))

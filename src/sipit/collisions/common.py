@@ -175,11 +175,12 @@ def distribution(x: torch.Tensor, scale: float, rows: int = 1024, seed: int = 0)
 
 
 def analyse_layer(x: torch.Tensor, groups: torch.Tensor, *, layer: int, threshold: float, keep: int,
-                  progress: bool = False, max_classes: int = 50, engine=None) -> dict:
+                  progress: bool = False, max_classes: int = 50, engine=None, device=None) -> dict:
     """Minimum pairwise distance of the rows of x [N, d] whose structural classes are `groups` [N]
     (groups[i] = representative row of row i, see group_ids). Row indices in the output refer to x.
 
-    engine (sipit.engines): where the pairwise search's panels run (default: this process).
+    engine (sipit.engines): where the pairwise search's panels run (default: this process);
+    device: the pairwise search's device (default x's: the model's device, e.g. cuda, is faster).
     Returns a JSON-able dict: the minimum over non-structural pairs (exact, float64) and relative to
     the median row norm, the `keep` closest pairs, the pairs at distance <= threshold, the
     distribution of distances on a row subsample, and the structural classes with the largest
@@ -204,7 +205,8 @@ def analyse_layer(x: torch.Tensor, groups: torch.Tensor, *, layer: int, threshol
         return out
     # the engine's absolute-distance histogram is not reported here (hist_rows small):
     # `distribution` gives the relative distances and quantiles the plots need
-    res = min_pairwise(x[reps], threshold=threshold, keep=keep, progress=progress, hist_rows=64, engine=engine)
+    res = min_pairwise(x[reps].to(device or x.device), threshold=threshold, keep=keep, progress=progress,
+                       hist_rows=64, engine=engine)
     rel = (lambda d: d / median_norm) if median_norm > 0 else (lambda d: 0.0)
     pair = lambda i, j, d: dict(i=int(reps[i]), j=int(reps[j]), distance=d, relative=rel(d))  # noqa: E731
     below = [pair(*p) for p in res.below_pairs]

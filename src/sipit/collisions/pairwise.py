@@ -81,8 +81,9 @@ def min_pairwise(
     screen and the float64 recheck run where x is).
 
     The rows i are cut into panels of about `panel_pairs` (default PANEL_PAIRS) pairs (i, j > i),
-    each one task of `engine` (sipit.engines; default: in this process). A panel's `keep` closest pairs are exact, so
-    the `keep` smallest of their union are the global ones, and below-threshold counts add up.
+    each one task of `engine` (sipit.engines; default: in this process). A panel's `keep` closest
+    pairs are exact, so the `keep` smallest of their union are the global ones, and below-threshold
+    counts add up.
     block: rows per tile (see tile_grid); default from the free memory of x's device. A tile is a
     [block, 4*block] float32 buffer (16 MiB at 1024); the share computed in vain is ~block/N.
     hist_rows, seed: the histogram covers all pairs among `hist_rows` rows drawn with `seed`.

@@ -121,7 +121,7 @@ def run(lm: LM, cfg: SampledConfig, out_dir: str | Path, progress: bool = True, 
 
     def analyse(layer):
         res = analyse_layer(load_layer(chunks, layer)[rows], structural_groups(ids, classes, layer), layer=layer,
-                            threshold=cfg.threshold, keep=cfg.keep, engine=engine)
+                            threshold=cfg.threshold, keep=cfg.keep, engine=engine, device=lm.device)
         for p in res["closest"]:
             p.update(text_i=prompts[p["i"]]["text"], text_j=prompts[p["j"]]["text"],
                      source_i=prompts[p["i"]]["source"], source_j=prompts[p["j"]]["source"])
