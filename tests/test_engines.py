@@ -1,4 +1,5 @@
 """The local and Ray engines give identical results; a worker killed mid-run loses and duplicates nothing."""
+import json
 import os
 import signal
 import sys
@@ -183,3 +184,20 @@ def _refuse(shared, item):
 def test_task_error_is_one_clear_error(ray_engine):
     with pytest.raises(SipitError, match="^bad item 0$"):
         list(ray_engine.map(_refuse, [0]))
+
+
+def test_cli_invert_engine_ray(tmp_path, ray_engine):
+    from sipit.cli import main
+
+    f = tmp_path / "prompts.txt"
+    f.write_text("hello there\nthe cat\nabc\n")
+    states = tmp_path / "s.safetensors"
+    assert main(["--threads", "1", "capture", "--model", "tiny-gpt2", "--layer", "1", "--file", str(f),
+                 "-o", str(states)]) == 0
+    for engine in ("local", "ray"):
+        assert main(["invert", str(states), "--policy", "random", "--engine", engine, "-q",
+                     "-o", str(tmp_path / f"{engine}.jsonl")]) == 0
+    rows = {e: [json.loads(s) for s in (tmp_path / f"{e}.jsonl").read_text().splitlines()] for e in ("local", "ray")}
+    assert [r["ids"] for r in rows["ray"]] == [r["ids"] for r in rows["local"]] and len(rows["ray"]) == 3
+    assert len(list((tmp_path / "ray.parts").glob("chunk_*.pkl"))) == 1  # the resume unit of a Ray run
+    assert main(["invert", str(states), "--policy", "bruteforce", "--engine", "ray", "-q"]) == 2
