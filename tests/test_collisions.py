@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from sipit.cli import main
-from sipit.collisions import common, exhaustive, sampled
-from sipit.collisions.exhaustive import ExhaustiveConfig
+from sipit.collisions import append_all as exhaustive, common, sampled
+from sipit.collisions.append_all import ExhaustiveConfig
 from sipit.collisions.sampled import SampledConfig
 from sipit.io import SipitError, read_json
 from sipit.models import load_model
@@ -94,12 +94,12 @@ def test_sampled_resumes_after_kill(lm, sampled_run, tmp_path, monkeypatch):
     _, full = sampled_run
     out = tmp_path / "run"
     with monkeypatch.context() as m:  # killed after 3 of 7 state batches
-        kill_after(m, sampled, "save_chunk", 3)
+        kill_after(m, common, "save_chunk", 3)
         with pytest.raises(KeyboardInterrupt):
             sampled.run(lm, CFG, out, progress=False)
     assert len(list((out / "states").glob("*.safetensors"))) == 3 and not (out / "results.json").exists()
     with monkeypatch.context() as m:  # killed again after 2 layers of the analysis
-        saved = kill_after(m, sampled, "save_chunk", 100)
+        saved = kill_after(m, common, "save_chunk", 100)
         kill_after(m, sampled, "analyse_layer", 2)
         with pytest.raises(KeyboardInterrupt):
             sampled.run(lm, CFG, out, progress=False)
@@ -111,7 +111,7 @@ def test_sampled_resumes_after_kill(lm, sampled_run, tmp_path, monkeypatch):
         assert analysed[0] == 3
     assert stable(res.to_dict()) == stable(read_json(full / "results.json"))
     with monkeypatch.context() as m:  # a finished run is not recomputed
-        m.setattr(sampled, "run_layers", None)
+        m.setattr(common, "capture_states", None)
         m.setattr(sampled, "analyse_layer", None)
         assert stable(sampled.run(lm, CFG, out, progress=False).to_dict()) == stable(res.to_dict())
 
@@ -164,11 +164,11 @@ def test_exhaustive_from_sampled_resumes(lm, sampled_run, tmp_path, monkeypatch)
     assert chosen["index"] in (best["i"], best["j"]) and chosen["selected"]["relative"] == best["relative"]
     out = tmp_path / "killed"
     with monkeypatch.context() as m:
-        kill_after(m, exhaustive, "save_chunk", 5)
+        kill_after(m, common, "save_chunk", 5)
         with pytest.raises(KeyboardInterrupt):
             exhaustive.run(lm, cfg, out, progress=False)
     with monkeypatch.context() as m:
-        saved = kill_after(m, exhaustive, "save_chunk", 100)
+        saved = kill_after(m, common, "save_chunk", 100)
         res = exhaustive.run(lm, cfg, out, progress=False)
         assert saved[0] == 3  # 8 batches of 32 candidates, 5 done before the kill
     assert stable(res.to_dict()) == stable(full.to_dict())
@@ -176,7 +176,7 @@ def test_exhaustive_from_sampled_resumes(lm, sampled_run, tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("cfg,msg", [
-    (SampledConfig(corpus="prose:10", layers="7"), "unknown layer 7"),
+    (SampledConfig(corpus="prose:10", layers="7"), "layer 7 out of range"),
     (SampledConfig(corpus="prose:10", layers="1,x"), "bad layer 'x'"),
     (SampledConfig(corpus="prose=10"), "bad corpus spec"),
     (SampledConfig(corpus="nosuchcorpus:10"), "unknown corpus"),
@@ -211,7 +211,7 @@ def test_cli_collisions_exhaustive_report(tmp_path, capsys):
     assert main(["report", e]) == 0
     assert "| layer 1 |" in capsys.readouterr().out
     # bad input: one line on stderr, exit code 2
-    for args, msg in [(["collisions", "--model", "tiny-gpt2", "--layers", "9", "-o", s], "unknown layer 9"),
+    for args, msg in [(["collisions", "--model", "tiny-gpt2", "--layers", "9", "-o", s], "layer 9 out of range"),
                       (["collisions", "--model", "tiny-gpt2", "--corpus", "code", "-o", str(tmp_path / "x")], "bad corpus spec"),
                       (["collisions", "--model", "tiny-gpt2", "--corpus", "code:20,random:20", "--length", "5",
                         "--layers", "1,-1", "--seed", "1", "-o", s], "different config"),
@@ -219,3 +219,29 @@ def test_cli_collisions_exhaustive_report(tmp_path, capsys):
         assert main(args) == 2
         err = capsys.readouterr().err
         assert msg in err and err.count("\n") == 1
+
+
+def test_cli_collisions_on_a_prompt_file_line_by_line(tmp_path, capsys):
+    from sipit.cli import main
+    from sipit.models import load_model
+
+    lines = ["The cat sat.", "A much longer line about the weather today.", "Hi", "The cat sat on the mat.",
+             "Code: x = 1", "Hi"]  # mixed lengths, one repeated line
+    f = tmp_path / "prompts.txt"
+    f.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "run"
+    assert main(["--threads", "1", "collisions", "--model", "tiny-gpt2", "--corpus", str(f), "--layers", "1,-1",
+                 "--batch-size", "2", "-q", "-o", str(out)]) == 0
+    assert "5 sampled prompts" in capsys.readouterr().out
+    prompts = [json.loads(s) for s in (out / "prompts.jsonl").read_text().splitlines()]
+    assert [p["text"] for p in prompts] == lines[:5]  # every distinct line, in order, as given
+    lm = load_model("tiny-gpt2")
+    assert [p["ids"] for p in prompts] == [lm.tokenizer(t, add_special_tokens=False)["input_ids"] for t in lines[:5]]
+    result = read_json(out / "results.json")
+    for r in result["series"][0]["layers"]:  # each prompt's own last-token state, in prompt order
+        x = torch.stack([lm_state(lm, p["ids"], r["layer"]) for p in prompts])
+        groups = sampled.structural_groups([p["ids"] for p in prompts], common.embedding_classes(lm), r["layer"])
+        assert r["min_distance"] == pytest.approx(brute_min(x, groups), rel=1e-6)
+        assert {(p["i"], p["j"]) for p in r["closest"]} == {(i, j) for i in range(5) for j in range(i + 1, 5)}
+        for p in r["closest"]:  # rows map back to the right prompts though batched by length
+            assert p["distance"] == pytest.approx(float((x[p["i"]].double() - x[p["j"]].double()).norm()), rel=1e-5)

@@ -89,7 +89,7 @@ def test_too_few_spans_is_a_clear_error(tmp_path, tok):
 def test_unknown_name_and_bad_spec(tok):
     with pytest.raises(ValueError, match="unknown corpus 'poetry'; known: " + ", ".join(CORPORA)):
         sample("prose:5,poetry:5", tok, 8)
-    with pytest.raises(ValueError, match="expected NAME:N"):
+    with pytest.raises(ValueError, match=r"expected NAME:N .*FILE.txt:N .*FILE.txt / FILE.jsonl \(every line"):
         sample("prose", tok, 8)
     with pytest.raises(CorpusError, match="not found"):
         sample("missing/file.txt:5", tok, 8)
@@ -102,3 +102,18 @@ def test_optional_debian_corpus_names_its_package(monkeypatch, tmp_path, tok):
     assert available()["fortunes"] is False
     with pytest.raises(Unavailable, match="corpus 'fortunes' needs the Debian package 'fortunes'"):
         sample("fortunes:5", tok, 8)
+
+
+def test_file_without_count_is_every_line_as_given(tmp_path, tok):
+    f = tmp_path / "prompts.txt"
+    lines = ["short", "a somewhat longer line of text", "", "short", "mid length"]
+    f.write_text("\n".join(lines) + "\n")
+    prompts = sample(str(f), tok, None)  # every distinct non-empty line, in file order, its own length
+    assert [p.text for p in prompts] == ["short", "a somewhat longer line of text", "mid length"]
+    assert [len(p.ids) for p in prompts] == [5, 30, 10] and {p.source for p in prompts} == {str(f)}
+    spans = sample(str(f), tok, 5)  # --length asks for every non-overlapping span of 5 tokens
+    assert [p.text for p in spans] == ["short", "a som", "ewhat", " long", "er li", "ne of", " text", "mid l", "ength"]
+    assert len(sample(f"{f}:3", tok, 5)) == 3  # FILE:N still samples N spans
+    assert corpora.default_length(f"prose:5,{f}") is None and corpora.default_length("prose:5") == 20
+    with pytest.raises(CorpusError, match="no prompt of 40 tokens"):
+        sample(str(f), tok, 40)

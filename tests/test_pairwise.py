@@ -76,8 +76,8 @@ def test_matches_brute_force(seed, dups):
         k += 1
     threshold = (pairs[k][2] + pairs[k + 1][2]) / 2
     below = pairs[: k + 1]
-    for block in [4096, 64, 97]:
-        r = min_pairwise(x, threshold=threshold, keep=20, block=block)
+    for block, panel_pairs in [(4096, None), (64, None), (97, None), (64, 997)]:  # 997: many row panels
+        r = min_pairwise(x, threshold=threshold, keep=20, block=block, panel_pairs=panel_pairs)
         assert r.n_pairs == len(pairs)
         assert r.min_distance == pytest.approx(pairs[0][2], rel=1e-12, abs=1e-300)
         assert r.min_pair == pairs[0][:2]
@@ -122,3 +122,33 @@ def test_distances_below_screen_resolution():
     assert [p[:2] for p in r.closest] == [p[:2] for p in pairs[:20]]
     assert np.allclose([p[2] for p in r.closest], [p[2] for p in pairs[:20]], rtol=1e-12, atol=0)
     assert r.below_threshold == 1000
+
+
+def test_out_of_memory_halves_the_block(monkeypatch):
+    from sipit.collisions import pairwise
+
+    x = hidden_like(300, 32, seed=3)
+    want = min_pairwise(x, keep=10, block=256)
+    real, tried = pairwise._search, []
+
+    def small_memory(x, operands, rows, block, *a):
+        tried.append(block)
+        if block > 64:
+            raise torch.OutOfMemoryError("simulated")
+        return real(x, operands, rows, block, *a)
+    monkeypatch.setattr(pairwise, "_search", small_memory)
+    r = min_pairwise(x, keep=10, block=256)
+    assert tried == [256, 128, 64] and r.block == 64
+    assert r.closest == want.closest and r.below_threshold == want.below_threshold
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_equals_cpu():
+    x = hidden_like(5000, 576, seed=4)
+    x[4000] = x[17]
+    x[4001] = x[18] + 1e-5
+    cpu, gpu = min_pairwise(x, keep=20), min_pairwise(x.cuda(), keep=20)
+    assert [p[:2] for p in gpu.closest] == [p[:2] for p in cpu.closest]
+    assert np.allclose([p[2] for p in gpu.closest], [p[2] for p in cpu.closest], rtol=1e-12, atol=1e-12)
+    assert gpu.below_threshold == cpu.below_threshold == 1

@@ -1,7 +1,7 @@
 """Reports: tables and PNG plots from collisions and exhaustive run dirs; clear errors otherwise."""
 import pytest
 
-from sipit.collisions import exhaustive, sampled
+from sipit.collisions import append_all as exhaustive, sampled
 from sipit.io import SipitError, write_json
 from sipit.models import load_model
 from sipit.report import report

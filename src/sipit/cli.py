@@ -26,10 +26,11 @@ def cmd_models(args):
 
 
 def cmd_corpora(args):
-    from .corpora import CORPORA, available
+    from .corpora import CORPORA, SPEC_HELP, available
 
     for name, ok in available().items():
         print(f"{name:10s} {'available' if ok else 'not installed':14s} {CORPORA[name][0]}")
+    print(f"\nA corpus spec is a comma-separated list of {SPEC_HELP}.")
 
 
 def _prompts(lm, args) -> list[list[int]]:
@@ -62,6 +63,7 @@ def cmd_capture(args):
 
 
 def cmd_invert(args):
+    from .engines import invert_batch, make_engine
     from .invert import InvertConfig, run
     from .io import write_json, write_jsonl
     from .models import load_model
@@ -77,6 +79,7 @@ def cmd_invert(args):
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: the states file was made with another tokenizer than {model}'s", file=sys.stderr)
     prompts, eps = st.prompts, args.eps
+    out = Path(args.output or Path(args.states).with_suffix(".results.jsonl"))
     if args.noise:  # relative noise of norm sigma*||h_t|| per position; eps must then exceed sigma
         from .invert.robust import add_noise
         from .invert.verify import tolerance
@@ -85,6 +88,8 @@ def cmd_invert(args):
         prompts = [add_noise(s, args.noise, gen) for s in prompts]
         eps = eps if eps is not None else args.noise * 1.01 + tolerance(prompts[0].dtype, 1e-4)
         print(f"added relative noise sigma={args.noise:g} (seed {args.seed}); eps={eps:.3g}", file=sys.stderr)
+    if args.engine != "local" and args.policy in ("bruteforce", "hardprompts"):
+        raise SipitError(f"--engine {args.engine} runs SipIt's policies; the {args.policy} baseline runs locally")
     if args.policy == "hardprompts":  # the paper's PEZ baseline (invert/baselines.py)
         from .invert.baselines import HardPromptsConfig
 
@@ -95,9 +100,14 @@ def cmd_invert(args):
         config = HardPromptsConfig(steps=args.steps, eps=eps, certify=args.certify)
     else:
         config = InvertConfig(batch_size=args.batch_size, eps=eps, certify=args.certify)
-    result = run(args.policy, lm, prompts, layer, config, final_norm=final_norm, progress=not args.quiet,
-                 true_ids=st.ids, max_seconds=args.max_seconds)
-    out = Path(args.output or Path(args.states).with_suffix(".results.jsonl"))
+    if args.engine == "local":
+        result = run(args.policy, lm, prompts, layer, config, final_norm=final_norm, progress=not args.quiet,
+                     true_ids=st.ids, max_seconds=args.max_seconds)
+    else:  # chunks of prompts on Ray workers, each chunk's result kept so a rerun continues
+        config.policy, config.max_seconds = args.policy, args.max_seconds
+        result = invert_batch(make_engine(args.engine, args.workers), lm, prompts, layer, config,
+                              final_norm=final_norm, progress=not args.quiet, true_ids=st.ids,
+                              parts_dir=out.with_suffix(".parts"))
     summary = dict(states=str(args.states), noise=args.noise, **result.summary())
     write_jsonl(out, [p.to_json() for p in result.prompts])
     summary_path = write_json(out.with_suffix(".summary.json"), summary)
@@ -188,30 +198,38 @@ def _print_layers(series: list[dict]) -> None:
                   f"   {r['below_threshold']:10d}  {r['structural']['pairs']:10d}")
 
 
+def _length(args) -> int | None:
+    from .corpora import default_length
+
+    return args.length if args.length is not None else default_length(args.corpus)
+
+
 def cmd_collisions(args):
     from .collisions.sampled import SampledConfig, run
+    from .engines import make_engine
     from .models import load_model
 
     lm = load_model(args.model, precision=args.precision, device=args.device)
-    cfg = SampledConfig(corpus=args.corpus, length=args.length, layers=args.layers, seed=args.seed,
+    cfg = SampledConfig(corpus=args.corpus, length=_length(args), layers=args.layers, seed=args.seed,
                         final_norm=args.final_norm, threshold=args.threshold, keep=args.keep,
                         batch_size=args.batch_size)
-    res = run(lm, cfg, args.output, progress=not args.quiet)
+    res = run(lm, cfg, args.output, progress=not args.quiet, engine=make_engine(args.engine, args.workers))
     _print_layers(res.to_dict()["series"])
     print(f"states {res.seconds['states']:.1f}s, pairwise {res.seconds['pairwise']:.1f}s, "
           f"this run {res.seconds['this_run']:.1f}s (load {res.load['start']}) -> {args.output}")
 
 
 def cmd_exhaustive(args):
-    from .collisions.exhaustive import ExhaustiveConfig, run
+    from .collisions.append_all import ExhaustiveConfig, run
+    from .engines import make_engine
     from .models import load_model
 
     lm = load_model(args.model, precision=args.precision, device=args.device)
     cfg = ExhaustiveConfig(prefixes=args.prefixes, layers=args.layers, source=args.source, corpus=args.corpus,
-                           length=args.length, seed=args.seed, final_norm=args.final_norm,
+                           length=_length(args), seed=args.seed, final_norm=args.final_norm,
                            threshold=args.threshold, keep=args.keep, batch_size=args.batch_size,
                            keep_states=args.keep_states)
-    res = run(lm, cfg, args.output, progress=not args.quiet)
+    res = run(lm, cfg, args.output, progress=not args.quiet, engine=make_engine(args.engine, args.workers))
     _print_layers(res.to_dict()["series"])
     for k, layers in enumerate(res.layers):
         st = layers[0]["structural"]
@@ -233,7 +251,9 @@ def cmd_report(args):
 def cmd_bench(args, rest):
     names = BENCHMARKS if args.name == "all" else [args.name]
     for name in names:
-        importlib.import_module(f"sipit.bench.{name}").main([*rest, "--threads", str(args.threads)])
+        module = importlib.import_module(f"sipit.bench.{name}")
+        device = ["--device", args.device] if getattr(module, "TAKES_DEVICE", False) else []
+        module.main([*rest, "--threads", str(args.threads), *device])
 
 
 def add_model(parser, default="smollm2"):
@@ -246,6 +266,7 @@ def add_model(parser, default="smollm2"):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .engines import add_engine_options
     from .models import PRECISIONS
 
     p = argparse.ArgumentParser(prog="sipit", description="Invert language-model hidden states and test injectivity.")
@@ -297,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add relative Gaussian noise of norm SIGMA*||h_t|| per position first (eps default: 1.01*SIGMA + tol)")
     s.add_argument("--seed", type=int, default=0, help="noise seed")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_engine_options(s)
     s.set_defaults(fn=cmd_invert)
 
     s = sub.add_parser("reproduce", help="the paper's inversion tables at our scale, next to the paper's numbers")
@@ -335,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     def collision_options(s, layers_default, layers_help, batch):
         add_model(s)
         s.add_argument("--layers", default=layers_default, help=layers_help)
-        s.add_argument("--length", type=int, default=20, help="tokens per sampled prompt (default 20)")
+        s.add_argument("--length", type=int, default=None,
+                       help="tokens per sampled prompt (default 20; a corpus file without a count: its lines as they are)")
         s.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
         s.add_argument("--final-norm", action="store_true", help="states after the model's final norm")
         s.add_argument("--threshold", type=float, default=1e-6, help="collision threshold on the L2 distance (default 1e-6)")
@@ -343,11 +366,13 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--batch-size", type=int, default=batch, help=f"states per forward pass (default {batch})")
         s.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
         s.add_argument("-o", "--output", required=True, help="run directory (rerun with the same options to resume)")
+        add_engine_options(s)
 
     s = sub.add_parser("collisions", help="minimum pairwise distance of last-token states of sampled prompts, per layer")
     collision_options(s, "all", "'all' (default) or a list like 1,15,-1", 64)
     s.add_argument("--corpus", default="prose:2000,code:2000,random:1000",
-                   help="corpus spec NAME:N,... (names from sipit.corpora or .txt/.jsonl files)")
+                   help="corpus spec, comma-separated: NAME:N (see `sipit corpora`), FILE.txt:N (N spans of "
+                        "--length tokens) or FILE.txt (every line as a prompt); .jsonl files too")
     s.set_defaults(fn=cmd_collisions)
 
     s = sub.add_parser("exhaustive", help="append every vocabulary token to the closest prefixes and compare all pairs")

@@ -3,8 +3,10 @@
 A spec names sources and counts, e.g. ``"prose:2000,code:2000,random:1000"``; a source is a name
 from ``CORPORA`` or a user file ``path.txt`` (one prompt per line) / ``path.jsonl`` (a ``text``
 field). Text sources are cut into token spans under the given tokenizer (no special tokens);
-``random`` draws uniform ids over the vocabulary without special/added tokens. Every prompt of one
-``sample`` call is a distinct id sequence.
+``random`` draws uniform ids over the vocabulary without special/added tokens. A file without a
+count (``prompts.txt``) means every line, in file order: each line one prompt of its own length, or,
+when a length is asked for, every non-overlapping span of that length. Every prompt of one
+``sample`` call is a distinct id sequence (repeated lines are dropped).
 """
 
 import bz2
@@ -22,6 +24,9 @@ from pathlib import Path
 
 from .io import SipitError
 
+DEFAULT_LENGTH = 20  # tokens per prompt when no length is asked for (whole-line files excepted)
+SPEC_HELP = ("NAME:N (e.g. prose:100), FILE.txt:N or FILE.jsonl:N (N spans of your text), "
+             "or FILE.txt / FILE.jsonl (every line as a prompt)")
 CHUNK = 4000  # characters; long documents are cut (at line ends) into pieces this size
 POOL = 2  # read text until there are POOL * N distinct non-overlapping spans to choose from
 FORTUNES_DIR = "/usr/share/games/fortunes"  # Debian package `fortunes`
@@ -178,7 +183,8 @@ def _wordnet(rng):
 
 
 def _user_file(path: str):
-    """A loader for a user file: .txt (one prompt per line) or .jsonl (a "text" field per line)."""
+    """A loader for a user file: .txt (one prompt per line) or .jsonl (a "text" field per line);
+    rng=None keeps the file's order."""
     p = Path(path)
     if not p.is_file():
         raise CorpusError(f"prompt file not found: {path}")
@@ -186,9 +192,22 @@ def _user_file(path: str):
     def load(rng):
         lines = [s for s in p.read_text(encoding="utf-8").splitlines() if s.strip()]
         docs = [json.loads(s)["text"] for s in lines] if p.suffix == ".jsonl" else lines
-        rng.shuffle(docs)
+        if rng is not None:
+            rng.shuffle(docs)
         return iter(docs)
     return load
+
+
+def _whole_file(path: str, tokenizer, length: int | None, seen) -> list[tuple[int, ...]]:
+    """Every line of a user file, in order: whole (length None) or cut into every non-overlapping
+    span of `length` ids; repeated sequences once."""
+    out = {}
+    for ids in tokenizer(list(_user_file(path)(None)), add_special_tokens=False)["input_ids"]:
+        spans = [ids] if length is None else [ids[i:i + length] for i in range(0, len(ids) - length + 1, length)]
+        out.update(dict.fromkeys(t for s in spans if (t := tuple(s)) and t not in seen))
+    if not out:
+        raise CorpusError(f"{path} gives no prompt" + (f" of {length} tokens" if length else ""))
+    return list(out)
 
 
 CORPORA = {
@@ -261,31 +280,43 @@ def _random_spans(tokenizer, length, n, rng, seen) -> list[tuple[int, ...]]:
     return list(out)
 
 
-def parse_spec(spec: str) -> list[tuple[str, int]]:
-    """'prose:2000,code:10' -> [('prose', 2000), ('code', 10)]."""
+def parse_spec(spec: str) -> list[tuple[str, int | None]]:
+    """'prose:2000,code:10,my.txt' -> [('prose', 2000), ('code', 10), ('my.txt', None)] (None: every line)."""
     parts = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, sep, count = part.rpartition(":")
-        if not sep or not count.strip().isdigit():
-            raise CorpusError(f"bad corpus spec {part!r}: expected NAME:N, e.g. prose:100")
-        parts.append((name.strip(), int(count)))
+        if not sep and part.endswith((".txt", ".jsonl")):
+            parts.append((part, None))
+        elif not sep or not count.strip().isdigit():
+            raise CorpusError(f"bad corpus spec {part!r}: expected {SPEC_HELP}")
+        else:
+            parts.append((name.strip(), int(count)))
     return parts
 
 
-def sample(spec: str, tokenizer, length: int, seed: int = 0) -> list[Prompt]:
+def default_length(spec: str) -> int | None:
+    """The prompt length when none is asked for: None (lines as given) if the spec has a file
+    without a count, else DEFAULT_LENGTH."""
+    return None if any(n is None for _, n in parse_spec(spec)) else DEFAULT_LENGTH
+
+
+def sample(spec: str, tokenizer, length: int | None, seed: int = 0) -> list[Prompt]:
     """Prompts of exactly `length` token ids for a spec like 'prose:2000,code:2000,random:1000'.
+    length None: files without a count give their lines as they are, other parts DEFAULT_LENGTH.
 
     Reproducible under `seed` (for a given tokenizer and installed data); each part draws from its
     own generator seeded by (seed, name), so adding a part leaves the others unchanged apart from
     dedup: no two returned prompts have the same ids.
     """
-    if length < 1:
+    if length is not None and length < 1:
         raise CorpusError(f"prompt length must be at least 1 token, got {length}")
     prompts, seen = [], set()
     for name, n in parse_spec(spec):
         rng = random.Random(f"{seed}:{name}")
-        if name == "random":
-            spans = _random_spans(tokenizer, length, n, rng, seen)
+        if n is None:
+            spans = _whole_file(name, tokenizer, length, seen)
+        elif name == "random":
+            spans = _random_spans(tokenizer, length or DEFAULT_LENGTH, n, rng, seen)
         else:
             if name in CORPORA:
                 loader = CORPORA[name][1]
@@ -293,12 +324,12 @@ def sample(spec: str, tokenizer, length: int, seed: int = 0) -> list[Prompt]:
                 loader = _user_file(name)
             else:
                 raise CorpusError(f"unknown corpus {name!r}; known: {', '.join(CORPORA)} "
-                                 f"(or a path to a .txt / .jsonl file)")
+                                 f"(or your own file: {SPEC_HELP})")
             try:
                 docs = iter(loader(rng))
             except Unavailable as e:
                 raise Unavailable(f"corpus {name!r} {e}") from None
-            spans = _text_spans(name, docs, tokenizer, length, n, rng, seen)
+            spans = _text_spans(name, docs, tokenizer, length or DEFAULT_LENGTH, n, rng, seen)
         seen.update(spans)
         texts = tokenizer.batch_decode([list(s) for s in spans], clean_up_tokenization_spaces=False)
         prompts += [Prompt(list(s), t, name) for s, t in zip(spans, texts)]

@@ -1,1 +1,11 @@
-"""Benchmarks that print JSON."""
+"""Benchmarks: each module has a `Config` dataclass, `run(config) -> dict` and `main(argv)` (prints JSON)."""
+import argparse
+from dataclasses import fields
+
+
+def parse_config(config_class, argv, prog: str, description: str):
+    """A `config_class` instance from command-line options named after its fields (--prefix-len ...)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    for f in fields(config_class):
+        p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=f.default)
+    return config_class(**vars(p.parse_args(argv)))

@@ -17,26 +17,24 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save as st_save
+from tqdm import tqdm
 
 from ..io import SipitError, atomic_write, read_json, write_json
 from .pairwise import min_pairwise
 
 
-def parse_layers(spec, n_layers: int) -> list[int]:
-    """'all' | '1,15,-1' | [1, 15, -1] -> sorted distinct indices in 0..n_layers."""
+def parse_layers(spec, lm) -> list[int]:
+    """'all' (or None) | '1,15,-1' | [1, 15, -1] -> sorted distinct layers of lm, each normalised by
+    LM.layer_index (the one place that knows a model's layers: 0..L, negative from the end)."""
     if spec is None or spec == "all":
-        return list(range(n_layers + 1))
-    items = spec.split(",") if isinstance(spec, str) else list(spec)
+        return list(range(lm.n_layers + 1))
     out = set()
-    for item in items:
+    for item in spec.split(",") if isinstance(spec, str) else spec:
         try:
             layer = int(item)
         except ValueError:
             raise SipitError(f"bad layer {item!r} in --layers: use 'all' or integers like 1,15,-1") from None
-        if not -(n_layers + 1) <= layer <= n_layers:
-            raise SipitError(f"unknown layer {layer}: this model has layers 0..{n_layers} "
-                             f"(0 = embeddings, i = after block i) or -1..-{n_layers + 1} from the end")
-        out.add(layer % (n_layers + 1))
+        out.add(lm.layer_index(layer))
     if not out:
         raise SipitError("no layer given in --layers")
     return sorted(out)
@@ -68,6 +66,43 @@ def open_run_dir(out_dir: Path, kind: str, config: dict, info: dict) -> None:
         return
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     write_json(path, {"kind": kind, "config": config, **info})
+
+
+def capture_states(job: dict, ids: torch.Tensor) -> tuple[dict[str, torch.Tensor], float]:
+    """An engine task: the states of one batch of prompts at job's layers, on the CPU.
+
+    job: model (engines.ModelRef), layers, final_norm, and `prefix` (ids) for the append-every-token
+    test, whose batch holds candidate tokens appended to that prefix. ids: prompts [B, T], or
+    candidate tokens [B] with a prefix. Returns ({layer key: [B, d]} last-token states, seconds)."""
+    from ..engines import worker_model
+    from ..models import LayerTap, run_layers
+
+    t = time.perf_counter()
+    lm, layers = worker_model(job["model"]), job["layers"]
+    ids = ids.to(lm.device)
+    with torch.no_grad():
+        if job.get("prefix") is None:
+            states = [h[:, -1] for h in run_layers(lm, layers, ids=ids, final_norm=job["final_norm"])]
+        else:
+            tap = LayerTap(lm, max(layers), final_norm=job["final_norm"])
+            prefix = tap.prefill(torch.tensor(job["prefix"], device=lm.device))
+            states = tap.extend_layers(prefix, ids, layers)
+    return {layer_key(l): h.cpu() for l, h in zip(layers, states)}, time.perf_counter() - t
+
+
+def run_batches(engine, job: dict, batches: list[torch.Tensor], chunks: list[Path],
+                progress: bool, desc: str) -> None:
+    """Capture the states of every batch whose chunk file is missing (the resume unit), on engine;
+    each chunk is written once, atomically, by this process as its task finishes."""
+    from ..engines import LocalEngine
+
+    todo = [(b, c) for b, c in zip(batches, chunks) if not c.exists()]
+    bar = tqdm(total=len(todo), disable=not progress, desc=desc, unit="batch")
+    gpu = job["model"].device.startswith("cuda")
+    for k, (states, seconds) in (engine or LocalEngine()).map(capture_states, [b for b, _ in todo], job, gpu=gpu):
+        save_chunk(todo[k][1], states, seconds)
+        bar.update()
+    bar.close()
 
 
 def save_chunk(path: Path, states: dict[str, torch.Tensor], seconds: float) -> None:
@@ -139,10 +174,12 @@ def distribution(x: torch.Tensor, scale: float, rows: int = 1024, seed: int = 0)
 
 
 def analyse_layer(x: torch.Tensor, groups: torch.Tensor, *, layer: int, threshold: float, keep: int,
-                  progress: bool = False, max_classes: int = 50) -> dict:
+                  progress: bool = False, max_classes: int = 50, engine=None, device=None) -> dict:
     """Minimum pairwise distance of the rows of x [N, d] whose structural classes are `groups` [N]
     (groups[i] = representative row of row i, see group_ids). Row indices in the output refer to x.
 
+    engine (sipit.engines): where the pairwise search's panels run (default: this process);
+    device: the pairwise search's device (default x's: the model's device, e.g. cuda, is faster).
     Returns a JSON-able dict: the minimum over non-structural pairs (exact, float64) and relative to
     the median row norm, the `keep` closest pairs, the pairs at distance <= threshold, the
     distribution of distances on a row subsample, and the structural classes with the largest
@@ -167,7 +204,8 @@ def analyse_layer(x: torch.Tensor, groups: torch.Tensor, *, layer: int, threshol
         return out
     # the engine's absolute-distance histogram is not reported here (hist_rows small):
     # `distribution` gives the relative distances and quantiles the plots need
-    res = min_pairwise(x[reps], threshold=threshold, keep=keep, progress=progress, hist_rows=64)
+    res = min_pairwise(x[reps].to(device or x.device), threshold=threshold, keep=keep, progress=progress,
+                       hist_rows=64, engine=engine)
     rel = (lambda d: d / median_norm) if median_norm > 0 else (lambda d: 0.0)
     pair = lambda i, j, d: dict(i=int(reps[i]), j=int(reps[j]), distance=d, relative=rel(d))  # noqa: E731
     below = [pair(*p) for p in res.below_pairs]

@@ -23,16 +23,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..engines import ModelRef
 from ..io import SipitError, atomic_write, write_json
-from ..models import LM, run_layers
-from .common import (analyse_layer, cached_json, chunk_seconds, embedding_classes, group_ids, layer_key,
-                     load_avg, load_layer, open_run_dir, parse_layers, save_chunk)
+from ..models import LM
+from .common import (analyse_layer, cached_json, chunk_seconds, embedding_classes, group_ids, load_avg,
+                     load_layer, open_run_dir, parse_layers, run_batches)
 
 
 @dataclass
 class SampledConfig:
     corpus: str = "prose:2000,code:2000,random:1000"  # sipit.corpora spec: sources and counts
-    length: int = 20  # tokens per prompt
+    length: int | None = 20  # tokens per prompt; None: the lines of a corpus file as they are
     layers: str | list[int] = "all"  # 'all', '1,15,-1' or a list
     seed: int = 0  # prompt sampling
     final_norm: bool = False  # states after the model's final norm instead of the raw residual stream
@@ -64,7 +65,7 @@ class SampledResult:
                     seconds=self.seconds, load=self.load)
 
 
-def sample_prompts(lm: LM, corpus: str, length: int, seed: int) -> list[dict]:
+def sample_prompts(lm: LM, corpus: str, length: int | None, seed: int) -> list[dict]:
     """Prompts from sipit.corpora as dicts (index, source, ids, text)."""
     from .. import corpora
 
@@ -74,6 +75,15 @@ def sample_prompts(lm: LM, corpus: str, length: int, seed: int) -> list[dict]:
     return [dict(index=k, source=p.source, ids=list(p.ids), text=p.text) for k, p in enumerate(prompts)]
 
 
+def length_batches(ids: list[list[int]], size: int) -> list[list[int]]:
+    """Prompt indices in batches of at most `size` prompts of one length, in index order within a
+    length (prompts of one length: the batches 0..size-1, size..2*size-1, ...)."""
+    by_length: dict[int, list[int]] = {}
+    for k, s in enumerate(ids):
+        by_length.setdefault(len(s), []).append(k)
+    return [g[s : s + size] for _, g in sorted(by_length.items()) for s in range(0, len(g), size)]
+
+
 def structural_groups(ids: list[list[int]], classes: torch.Tensor, layer: int) -> torch.Tensor:
     """Rows whose states are identical by construction: same embedding rows at every position the
     state at `layer` depends on (the last token at layer 0, the whole prompt after). -> [N]"""
@@ -81,11 +91,13 @@ def structural_groups(ids: list[list[int]], classes: torch.Tensor, layer: int) -
     return group_ids([(len(c), c[-1]) if layer == 0 else c for c in canon])
 
 
-def run(lm: LM, cfg: SampledConfig, out_dir: str | Path, progress: bool = True) -> SampledResult:
+def run(lm: LM, cfg: SampledConfig, out_dir: str | Path, progress: bool = True, engine=None) -> SampledResult:
+    """The sampled collision test in run directory `out_dir` (resumes a killed run). engine
+    (sipit.engines): where state capture and the pairwise panels run; default this process."""
     t_start, load_start = time.perf_counter(), load_avg()
     out = Path(out_dir)
-    layers = parse_layers(cfg.layers, lm.n_layers)
-    if cfg.length < 1 or cfg.batch_size < 1 or cfg.keep < 1 or cfg.threshold < 0:
+    layers = parse_layers(cfg.layers, lm)
+    if (cfg.length is not None and cfg.length < 1) or cfg.batch_size < 1 or cfg.keep < 1 or cfg.threshold < 0:
         raise SipitError("length, batch_size and keep must be >= 1 and threshold >= 0")
     config = {**asdict(cfg), "layers": layers, "model": lm.name, "precision": lm.precision,
               "tokenizer": lm.tokenizer_fingerprint}
@@ -99,24 +111,17 @@ def run(lm: LM, cfg: SampledConfig, out_dir: str | Path, progress: bool = True) 
         prompts = sample_prompts(lm, cfg.corpus, cfg.length, cfg.seed)
         atomic_write(path, "".join(json.dumps(p) + "\n" for p in prompts))
     ids = [p["ids"] for p in prompts]
-    if len({len(s) for s in ids}) != 1:
-        raise SipitError(f"{path}: prompts of different lengths cannot share a batch")
-
-    starts = range(0, len(ids), cfg.batch_size)
-    chunks = [out / "states" / f"batch_{b:05d}.safetensors" for b in range(len(starts))]
-    todo = [(s, c) for s, c in zip(starts, chunks) if not c.exists()]
-    for s, chunk in tqdm(todo, disable=not progress, desc="states", unit="batch"):
-        t = time.perf_counter()
-        batch = torch.tensor(ids[s : s + cfg.batch_size])  # [B, T]
-        with torch.no_grad():
-            states = run_layers(lm, layers, ids=batch, final_norm=cfg.final_norm)  # each [B, T, d]
-        save_chunk(chunk, {layer_key(l): h[:, -1] for l, h in zip(layers, states)}, time.perf_counter() - t)
+    batches = length_batches(ids, cfg.batch_size)
+    chunks = [out / "states" / f"batch_{b:05d}.safetensors" for b in range(len(batches))]
+    job = dict(model=ModelRef.of(lm), layers=layers, final_norm=cfg.final_norm)
+    run_batches(engine, job, [torch.tensor([ids[k] for k in b]) for b in batches], chunks, progress, "states")
+    rows = torch.tensor([k for b in batches for k in b]).argsort()  # chunk row of each prompt
 
     classes = embedding_classes(lm)
 
     def analyse(layer):
-        res = analyse_layer(load_layer(chunks, layer), structural_groups(ids, classes, layer), layer=layer,
-                            threshold=cfg.threshold, keep=cfg.keep)
+        res = analyse_layer(load_layer(chunks, layer)[rows], structural_groups(ids, classes, layer), layer=layer,
+                            threshold=cfg.threshold, keep=cfg.keep, engine=engine, device=lm.device)
         for p in res["closest"]:
             p.update(text_i=prompts[p["i"]]["text"], text_j=prompts[p["j"]]["text"],
                      source_i=prompts[p["i"]]["source"], source_j=prompts[p["j"]]["source"])

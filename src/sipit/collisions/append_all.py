@@ -27,13 +27,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
+from ..engines import ModelRef
 from ..io import SipitError, read_json, write_json
-from ..models import LM, LayerTap
+from ..models import LM
 from . import sampled
-from .common import (analyse_layer, cached_json, chunk_seconds, embedding_classes, layer_key, load_avg,
-                     load_layer, open_run_dir, parse_layers, save_chunk)
+from .common import (analyse_layer, cached_json, chunk_seconds, embedding_classes, load_avg, load_layer,
+                     open_run_dir, parse_layers, run_batches)
 
 
 @dataclass
@@ -42,7 +42,7 @@ class ExhaustiveConfig:
     layers: str | list[int] | None = None  # 'all', '1,15,-1' or a list; None = 1, L/2, L
     source: str | None = None  # a `sipit collisions` run dir to take the prefixes from
     corpus: str = "prose:200,code:200,random:100"  # without source: prompts sampled here instead
-    length: int = 20
+    length: int | None = 20  # of the sampled prompts; None: the lines of a corpus file as they are
     seed: int = 0
     final_norm: bool = False
     threshold: float = 1e-6
@@ -94,12 +94,12 @@ def select_prefixes(source: dict, prompts: list[dict], k: int) -> list[dict]:
     return list(chosen.values())
 
 
-def _source_run(lm: LM, cfg: ExhaustiveConfig, out: Path, layers: list[int], progress: bool):
+def _source_run(lm: LM, cfg: ExhaustiveConfig, out: Path, layers: list[int], progress: bool, engine):
     """(results.json dict, prompts) of the sampled run the prefixes are chosen from."""
     if cfg.source is None:
         scfg = sampled.SampledConfig(corpus=cfg.corpus, length=cfg.length, layers=layers, seed=cfg.seed,
                                      final_norm=cfg.final_norm, threshold=cfg.threshold, keep=cfg.keep)
-        res = sampled.run(lm, scfg, out / "sampled", progress=progress)
+        res = sampled.run(lm, scfg, out / "sampled", progress=progress, engine=engine)
         return res.to_dict(), res.prompts
     src = Path(cfg.source)
     if not (src / "results.json").exists():
@@ -113,11 +113,13 @@ def _source_run(lm: LM, cfg: ExhaustiveConfig, out: Path, layers: list[int], pro
     return result, prompts
 
 
-def run(lm: LM, cfg: ExhaustiveConfig, out_dir: str | Path, progress: bool = True) -> ExhaustiveResult:
+def run(lm: LM, cfg: ExhaustiveConfig, out_dir: str | Path, progress: bool = True, engine=None) -> ExhaustiveResult:
+    """The append-every-token test in run directory `out_dir` (resumes a killed run). engine
+    (sipit.engines): where state capture and the pairwise panels run; default this process."""
     t_start, load_start = time.perf_counter(), load_avg()
     out = Path(out_dir)
     L = lm.n_layers
-    layers = parse_layers(cfg.layers if cfg.layers is not None else [1, L // 2, L], L)
+    layers = parse_layers(cfg.layers if cfg.layers is not None else [1, L // 2, L], lm)
     if cfg.prefixes < 1 or cfg.batch_size < 1 or cfg.keep < 1 or cfg.threshold < 0:
         raise SipitError("prefixes, batch_size and keep must be >= 1 and threshold >= 0")
     config = {**asdict(cfg), "layers": layers, "model": lm.name, "precision": lm.precision,
@@ -129,13 +131,12 @@ def run(lm: LM, cfg: ExhaustiveConfig, out_dir: str | Path, progress: bool = Tru
     if (out / "prefixes.json").exists():
         prefixes = read_json(out / "prefixes.json")
     else:
-        prefixes = select_prefixes(*_source_run(lm, cfg, out, layers, progress), cfg.prefixes)
+        prefixes = select_prefixes(*_source_run(lm, cfg, out, layers, progress, engine), cfg.prefixes)
         write_json(out / "prefixes.json", prefixes)
 
     classes = embedding_classes(lm)  # [V]: token -> smallest token with the same embedding row
     emb = lm.embedding_rows()  # [V, d]
     V, B = lm.vocab_size, cfg.batch_size
-    tap = LayerTap(lm, max(layers), final_norm=cfg.final_norm)
     all_results = []
     for k, prefix_info in enumerate(prefixes):
         pdir = out / f"prefix_{k:03d}"
@@ -143,16 +144,13 @@ def run(lm: LM, cfg: ExhaustiveConfig, out_dir: str | Path, progress: bool = Tru
         starts = range(0, V, B)
         chunks = [pdir / "states" / f"batch_{b:05d}.safetensors" for b in range(len(starts))]
         if not all(f.exists() for f in layer_files):
-            todo = [(s, c) for s, c in zip(starts, chunks) if not c.exists()]
-            prefix = tap.prefill(torch.tensor(prefix_info["ids"])) if todo else None
-            for s, chunk in tqdm(todo, disable=not progress, desc=f"prefix {k} states", unit="batch"):
-                t = time.perf_counter()
-                states = tap.extend_layers(prefix, torch.arange(s, min(s + B, V)), layers)  # each [B, d]
-                save_chunk(chunk, {layer_key(l): h for l, h in zip(layers, states)}, time.perf_counter() - t)
+            job = dict(model=ModelRef.of(lm), layers=layers, final_norm=cfg.final_norm, prefix=prefix_info["ids"])
+            batches = [torch.arange(s, min(s + B, V)) for s in starts]  # candidate tokens [B]
+            run_batches(engine, job, batches, chunks, progress, f"prefix {k} states")
 
         def analyse(layer):
             res = analyse_layer(load_layer(chunks, layer), classes, layer=layer, threshold=cfg.threshold,
-                                keep=cfg.keep, progress=progress)
+                                keep=cfg.keep, progress=progress, engine=engine, device=lm.device)
             for p in res["closest"]:  # how far apart the two tokens already were at the input
                 p.update(text_i=lm.decode([p["i"]]), text_j=lm.decode([p["j"]]),
                          embedding_distance=float((emb[p["i"]].double() - emb[p["j"]].double()).norm()))

@@ -1,0 +1,215 @@
+"""Where a sweep's independent tasks run: in this process (`local`) or on a Ray cluster (`ray`).
+
+A sweep (states of prompt batches, the pairwise search over row panels, inversion of prompt
+chunks) is a list of tasks `fn(shared, item)` whose results the caller writes to its resumable run
+directory as they arrive. Both engines run the same tasks, so they give the same results; the Ray
+engine only runs them elsewhere, several at a time, and reruns a task whose worker died.
+
+    engine = make_engine("ray")                  # a local Ray (`ray.init(num_cpus=...)`)
+    engine = make_engine("ray:10.0.0.1:6379")    # an existing cluster (sipit installed on it)
+    for k, out in engine.map(fn, items, shared): ...   # results in completion order
+
+Models travel as a `ModelRef` (spec, precision, device, fingerprint): a worker loads the model
+once per process (`worker_model`) and refuses one whose weights differ from the driver's.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+from tqdm import tqdm
+
+from .io import SipitError, atomic_write
+
+RAY_INSTALL = "pip install 'sipit[ray]' (or: pip install ray)"
+TASK_RETRIES = 3  # reruns of a task whose worker process died (Ray's default for tasks)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """What a worker needs to load the driver's model, and the fingerprint that proves it did."""
+
+    spec: str
+    precision: str
+    device: str
+    fingerprint: str
+
+    @classmethod
+    def of(cls, lm) -> "ModelRef":
+        ref = cls(lm.name, lm.precision, str(lm.device), lm.fingerprint)
+        _MODELS[ref] = lm  # the driver's own tasks (local engine) use the loaded model
+        return ref
+
+
+_MODELS: dict[ModelRef, Any] = {}  # per process: a worker loads each model once
+
+
+def worker_model(ref: ModelRef):
+    """The model `ref` names, loaded once per process; SipitError if its weights differ."""
+    if ref not in _MODELS:
+        from .models import load_model
+
+        lm = load_model(ref.spec, precision=ref.precision, device=ref.device)
+        if lm.fingerprint != ref.fingerprint:
+            raise SipitError(f"a worker loaded {ref.spec!r} with fingerprint {lm.fingerprint}, the driver's "
+                             f"is {ref.fingerprint}: install the same weights on every node")
+        _MODELS[ref] = lm
+    return _MODELS[ref]
+
+
+class LocalEngine:
+    """Every task in this process, in order."""
+
+    name = "local"
+
+    def map(self, fn: Callable, items: Iterable, shared=None, gpu: bool = False) -> Iterator[tuple[int, Any]]:
+        """(index, fn(shared, item)) for every item; gpu: the tasks want a GPU (Ray engine only)."""
+        for k, item in enumerate(items):
+            yield k, fn(shared, item)
+
+
+def _run_task(fn, threads, shared, item):
+    """A task as a Ray worker runs it: `threads` torch threads (Ray sets 1 thread per CPU)."""
+    torch.set_num_threads(threads)
+    return fn(shared, item)
+
+
+class RayEngine:
+    """Tasks as Ray tasks: `shared` goes to the object store once, a task whose worker dies is rerun
+    (up to TASK_RETRIES times), results come back as they finish.
+
+    address: None = start a local Ray with `num_cpus` CPUs (default: all); else a cluster address.
+    num_gpus: GPUs per task (default: 1 for tasks that want one (map's gpu) when the cluster has GPUs).
+    """
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, num_gpus: float | None = None,
+                 threads: int = 1):
+        self.ray = import_ray()
+        self.address, self.num_cpus, self.num_gpus, self.threads = address, num_cpus, num_gpus, threads
+
+    def start(self):
+        ray = self.ray
+        if not ray.is_initialized():
+            if self.address:
+                ray.init(address=self.address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=self.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False)
+        return ray
+
+    def workers(self) -> int:
+        return int(self.start().cluster_resources().get("CPU", 1))
+
+    def map(self, fn: Callable, items: Iterable, shared=None, gpu: bool = False) -> Iterator[tuple[int, Any]]:
+        ray = self.start()
+        gpus = self.num_gpus
+        if gpus is None:  # one GPU per task when the tasks want one and the cluster has GPUs
+            gpus = 1 if gpu and ray.cluster_resources().get("GPU", 0) >= 1 else 0
+        task = ray.remote(_run_task).options(num_cpus=1, num_gpus=gpus, max_retries=TASK_RETRIES)
+        ref = ray.put(shared)
+        pending = {task.remote(fn, self.threads, ref, item): k for k, item in enumerate(items)}
+        try:
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                k = pending.pop(done[0])
+                try:
+                    out = ray.get(done[0])
+                except ray.exceptions.RayTaskError as e:  # a task's own error: bad input says so in one line
+                    if isinstance(e.cause, SipitError):
+                        raise e.cause from None
+                    raise
+                yield k, out
+        finally:  # interrupted or failed: nothing keeps running for a driver that is gone
+            for r in pending:
+                ray.cancel(r)
+
+
+def _invert_chunk(job: dict, chunk: tuple[list, list | None]):
+    """An engine task: sipit.invert.invert on a chunk of prompts ([T_i, d] states, true ids)."""
+    from .invert import invert
+
+    states, true_ids = chunk
+    return invert(worker_model(job["model"]), states, job["layer"], job["config"], final_norm=job["final_norm"],
+                  progress=False, true_ids=true_ids)
+
+
+def invert_batch(engine, lm, states: list[torch.Tensor], layer: int, config=None, *, final_norm: bool = False,
+                 true_ids: list | None = None, chunk: int = 8, parts_dir: str | Path | None = None,
+                 progress: bool = True):
+    """sipit.invert.invert of many prompts, `chunk` prompts per engine task; same InversionResult.
+
+    parts_dir: each finished chunk's result is saved there (pickle, atomically), so a rerun with the
+    same inputs after a crash inverts only the missing chunks. Prompts keep their input order."""
+    from .invert import invert
+
+    if isinstance(engine, LocalEngine) and parts_dir is None:
+        return invert(lm, states, layer, config, final_norm=final_norm, progress=progress, true_ids=true_ids)
+    states = list(states)
+    starts = range(0, len(states), chunk)
+    items = [(states[s : s + chunk], true_ids[s : s + chunk] if true_ids is not None else None) for s in starts]
+    job = dict(model=ModelRef.of(lm), layer=layer, config=config, final_norm=final_norm)
+    if parts_dir is not None:
+        _claim_parts(Path(parts_dir), job, items)
+    paths = [Path(parts_dir) / f"chunk_{k:05d}.pkl" if parts_dir else None for k in range(len(items))]
+    done = {k: pickle.loads(p.read_bytes()) for k, p in enumerate(paths) if p is not None and p.exists()}
+    todo = [k for k in range(len(items)) if k not in done]
+    bar = tqdm(total=len(states), initial=len(states) - sum(len(items[k][0]) for k in todo), disable=not progress,
+               desc=f"sipit L{layer} ({engine.name})", unit="prompt")
+    gpu = job["model"].device.startswith("cuda")
+    for t, res in engine.map(_invert_chunk, [items[k] for k in todo], job, gpu=gpu):
+        k = todo[t]
+        if paths[k] is not None:
+            atomic_write(paths[k], pickle.dumps(res))
+        done[k] = res
+        bar.update(len(res.prompts))
+    bar.close()
+    parts = [done[k] for k in range(len(items))]
+    return replace(parts[0], prompts=[p for r in parts for p in r.prompts], seconds=sum(r.seconds for r in parts),
+                   calibration_seconds=max(r.calibration_seconds for r in parts))
+
+
+def _claim_parts(parts_dir: Path, job: dict, items: list) -> None:
+    """Make parts_dir hold this job's chunks: refuse one made from other inputs (no stale results)."""
+    h = hashlib.sha256(repr((job["model"], job["layer"], job["config"], job["final_norm"])).encode())
+    for states, true_ids in items:
+        for x in states:
+            h.update(x.detach().float().cpu().contiguous().numpy().tobytes())
+        h.update(repr(true_ids).encode() + b";")
+    key, path = h.hexdigest()[:16], parts_dir / "key.txt"
+    if path.exists() and path.read_text().strip() != key:
+        raise SipitError(f"{parts_dir} holds the chunks of another inversion (other states, model, layer, "
+                         "config or chunking): delete it or choose another --output")
+    atomic_write(path, key + "\n")
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise SipitError(f"--engine ray needs Ray, which is not installed: {RAY_INSTALL}") from None
+    return ray
+
+
+def make_engine(spec: str = "local", workers: int | None = None):
+    """'local' | 'ray' (a local Ray with `workers` CPUs) | 'ray:ADDRESS' (an existing cluster)."""
+    name, _, address = (spec or "local").partition(":")
+    if name == "local" and not address:
+        return LocalEngine()
+    if name == "ray":
+        return RayEngine(address=address or None, num_cpus=workers)
+    raise SipitError(f"unknown engine {spec!r}: use local, ray or ray:ADDRESS (e.g. ray:10.0.0.1:6379)")
+
+
+def add_engine_options(parser) -> None:
+    """`--engine` and `--workers` on a subcommand that runs a sweep."""
+    parser.add_argument("--engine", default="local",
+                        help="local (default, this process), ray (a local Ray) or ray:ADDRESS (a Ray cluster); "
+                             f"ray needs {RAY_INSTALL}")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="CPUs of the local Ray started by --engine ray (default: all)")

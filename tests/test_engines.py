@@ -1,0 +1,203 @@
+"""The local and Ray engines give identical results; a worker killed mid-run loses and duplicates nothing."""
+import json
+import os
+import signal
+import sys
+
+import pytest
+import ray
+import torch
+
+from sipit import engines
+from sipit.collisions import append_all, common, pairwise, sampled
+from sipit.engines import LocalEngine, RayEngine, invert_batch, make_engine
+from sipit.invert import InvertConfig
+from sipit.io import SipitError, read_json
+from sipit.models import LayerTap, load_model
+
+CFG = sampled.SampledConfig(corpus="random:40", length=5, layers="0,1,-1", batch_size=8, keep=5)
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # KillOnce travels to the workers
+
+
+def stable(result: dict) -> dict:
+    """A results.json without timings and load."""
+    if isinstance(result, dict):
+        return {k: stable(v) for k, v in result.items() if k not in ("seconds", "states_seconds", "load")}
+    return [stable(v) for v in result] if isinstance(result, list) else result
+
+
+class KillOnce:
+    """A task wrapper: the first task to finish anywhere SIGKILLs its own worker process before
+    returning (marker file: once per test), so Ray must rerun that task on a fresh worker."""
+
+    def __init__(self, fn, marker):
+        self.fn, self.marker = fn, str(marker)
+
+    def __call__(self, shared, item):
+        out = self.fn(shared, item)
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return out
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillingRay(RayEngine):
+    def __init__(self, marker):
+        super().__init__(num_cpus=2)
+        self.marker = marker
+
+    def map(self, fn, items, shared=None, gpu=False):
+        return super().map(KillOnce(fn, self.marker), items, shared, gpu)
+
+
+@pytest.fixture(scope="module")
+def ray_engine():
+    engine = RayEngine(num_cpus=2)
+    engine.start()
+    yield engine
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return load_model("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def local_run(lm, tmp_path_factory, monkeypatch_module):
+    out = tmp_path_factory.mktemp("local")
+    return sampled.run(lm, CFG, out, progress=False, engine=LocalEngine())
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(pairwise, "PANEL_PAIRS", 97)  # several panels per layer: the reduction is exercised
+        yield m
+
+
+def test_make_engine():
+    assert isinstance(make_engine("local"), LocalEngine)
+    e = make_engine("ray:10.1.2.3:6379")
+    assert isinstance(e, RayEngine) and e.address == "10.1.2.3:6379"
+    with pytest.raises(SipitError, match="unknown engine"):
+        make_engine("dask")
+
+
+def test_without_ray_one_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(SipitError, match=r"pip install 'sipit\[ray\]'"):
+        make_engine("ray")
+
+
+def test_panels_cover_every_pair_once():
+    for n in (2, 3, 50, 1001):
+        for per in (1, 97, 10**9):
+            bounds = pairwise.panels(n, per)
+            assert bounds[0][0] == 0 and bounds[-1][1] == n
+            assert all(a < b for a, b in bounds) and all(p[1] == q[0] for p, q in zip(bounds, bounds[1:]))
+            if per == 97 and n == 1001:
+                sizes = [sum(n - 1 - i for i in range(a, b)) for a, b in bounds]
+                assert max(sizes) < 2 * 97 + n  # balanced: about `per` pairs each
+
+
+def test_collisions_ray_equals_local(lm, local_run, ray_engine, tmp_path, monkeypatch_module):
+    res = sampled.run(lm, CFG, tmp_path, progress=False, engine=ray_engine)
+    want = local_run.to_dict()
+    assert stable(res.to_dict()) == stable(want)
+    assert [r["min_distance"] for r in res.layers] == [r["min_distance"] for r in want["series"][0]["layers"]]
+    assert len(pairwise.panels(40, 97)) > 3
+    # and both equal the one-process search with a single panel (the reduction is exact)
+    x = common.load_layer(sorted((tmp_path / "states").glob("*.safetensors")), 1)
+    one = pairwise.min_pairwise(x, keep=5, panel_pairs=10**9)
+    many = pairwise.min_pairwise(x, keep=5, engine=ray_engine)
+    assert many.closest == one.closest and many.below_threshold == one.below_threshold
+
+
+def test_worker_killed_mid_run(lm, local_run, tmp_path, monkeypatch, monkeypatch_module):
+    saved = []
+    real = common.save_chunk
+    monkeypatch.setattr(common, "save_chunk", lambda path, *a: (saved.append(path), real(path, *a)))
+    marker = tmp_path / "killed"
+    res = sampled.run(lm, CFG, tmp_path / "run", progress=False, engine=KillingRay(marker))
+    assert marker.exists()  # a worker really died
+    assert stable(res.to_dict()) == stable(local_run.to_dict())
+    chunks = sorted((tmp_path / "run" / "states").iterdir())
+    assert len(saved) == len(set(saved)) == len(chunks) == 5  # each batch written once, none lost
+    assert all(c.suffix == ".safetensors" for c in chunks)  # no temporary file left behind
+
+
+def test_exhaustive_ray_equals_local(lm, ray_engine, tmp_path, monkeypatch):
+    monkeypatch.setattr(pairwise, "PANEL_PAIRS", lm.vocab_size**2 // 6)  # 3 panels per layer
+    cfg = append_all.ExhaustiveConfig(corpus="random:12", length=4, layers="1,-1", batch_size=64, keep=5)
+    a = append_all.run(lm, cfg, tmp_path / "local", progress=False, engine=LocalEngine())
+    b = append_all.run(lm, cfg, tmp_path / "ray", progress=False, engine=ray_engine)
+    assert stable(a.to_dict()) == stable(b.to_dict())
+    assert a.layers[0][0]["n"] == lm.vocab_size
+
+
+def test_batch_inversion_ray_equals_local(lm, ray_engine, tmp_path):
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(0, lm.vocab_size, (n,), generator=g).tolist() for n in (3, 4, 5, 3, 6)]
+    tap = LayerTap(lm, 2)
+    states = [tap.states(torch.tensor(s)) for s in ids]
+    config = InvertConfig(policy="random")
+    want = invert_batch(LocalEngine(), lm, states, 2, config, true_ids=ids, progress=False)
+    got = invert_batch(ray_engine, lm, states, 2, config, true_ids=ids, chunk=2, parts_dir=tmp_path / "parts",
+                       progress=False)
+    assert [p.ids for p in got.prompts] == [p.ids for p in want.prompts] == ids
+    assert all(p.exact for p in got.prompts)
+    strip = lambda d: {k: v for k, v in d.items() if "seconds" not in k}  # noqa: E731
+    assert strip(got.summary()) == strip(want.summary())
+    assert len(list((tmp_path / "parts").glob("chunk_*.pkl"))) == 3
+    # a rerun resumes from the parts (no task runs); other inputs are refused
+    again = invert_batch(_NoTasks(), lm, states, 2, config, true_ids=ids, chunk=2, parts_dir=tmp_path / "parts",
+                         progress=False)
+    assert [p.ids for p in again.prompts] == ids
+    with pytest.raises(SipitError, match="another inversion"):
+        invert_batch(_NoTasks(), lm, states[:4], 2, config, chunk=2, parts_dir=tmp_path / "parts", progress=False)
+
+
+class _NoTasks(LocalEngine):
+    def map(self, fn, items, shared=None, gpu=False):
+        assert not list(items), "everything was already done"
+        return iter(())
+
+
+def test_cli_engine_ray(tmp_path, capsys, ray_engine):
+    from sipit.cli import main
+
+    out = tmp_path / "c"
+    args = ["collisions", "--model", "tiny-gpt2", "--corpus", "random:20", "--length", "4", "--layers", "1",
+            "--threads", "1", "-q", "-o"]
+    assert main([*args, str(out), "--engine", "ray"]) == 0
+    assert main([*args, str(tmp_path / "l")]) == 0
+    assert stable(read_json(out / "results.json")) == stable(read_json(tmp_path / "l" / "results.json"))
+    assert engines._MODELS  # the driver registered its model for its own tasks
+
+
+def _refuse(shared, item):
+    raise SipitError(f"bad item {item}")
+
+
+def test_task_error_is_one_clear_error(ray_engine):
+    with pytest.raises(SipitError, match="^bad item 0$"):
+        list(ray_engine.map(_refuse, [0]))
+
+
+def test_cli_invert_engine_ray(tmp_path, ray_engine):
+    from sipit.cli import main
+
+    f = tmp_path / "prompts.txt"
+    f.write_text("hello there\nthe cat\nabc\n")
+    states = tmp_path / "s.safetensors"
+    assert main(["--threads", "1", "capture", "--model", "tiny-gpt2", "--layer", "1", "--file", str(f),
+                 "-o", str(states)]) == 0
+    for engine in ("local", "ray"):
+        assert main(["invert", str(states), "--policy", "random", "--engine", engine, "-q",
+                     "-o", str(tmp_path / f"{engine}.jsonl")]) == 0
+    rows = {e: [json.loads(s) for s in (tmp_path / f"{e}.jsonl").read_text().splitlines()] for e in ("local", "ray")}
+    assert [r["ids"] for r in rows["ray"]] == [r["ids"] for r in rows["local"]] and len(rows["ray"]) == 3
+    assert len(list((tmp_path / "ray.parts").glob("chunk_*.pkl"))) == 1  # the resume unit of a Ray run
+    assert main(["invert", str(states), "--policy", "bruteforce", "--engine", "ray", "-q"]) == 2
