@@ -1,0 +1,107 @@
+import json
+
+import pytest
+import torch
+
+from sipit.audit import measure
+from sipit.audit.defenses import Defense, quant_error_bound, quantize_rows
+from sipit.audit.run import AuditConfig, load_prompts, run
+from sipit.cli import main
+from sipit.invert import InvertConfig, invert
+from sipit.invert.robust import RobustConfig
+from sipit.invert.robust import run as robust_run
+from sipit.invert.verify import tolerance
+from sipit.io import SipitError
+from sipit.models import LayerTap, load_model
+
+CFG = dict(model="tiny-llama", layers="2", defenses="none,noise:0.5,3,quant:int4", prompts="prose:3", length=8,
+           geometry_prompts=20, utility_text="tech:2", utility_length=16)
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory):
+    lm = load_model("tiny-llama")
+    out = tmp_path_factory.mktemp("audit")
+    cfg = AuditConfig(**CFG)
+    return lm, cfg, out, run(lm, cfg, out, progress=False)
+
+
+def test_report_agrees_with_separate_invert_and_robustness_runs(audited):
+    lm, cfg, out, report = audited
+    prompts = load_prompts(lm, cfg)
+    cells = {c["defense"]: c for c in report["cells"]}
+    assert set(cells) == {"none", "noise:0.5", "noise:3", "quant:int4"}
+    states = [LayerTap(lm, 2).states(torch.tensor(p)) for p in prompts]
+
+    s = invert(lm, states, 2, InvertConfig(policy="learned"), progress=False, true_ids=prompts).summary()
+    assert cells["none"]["attack"]["exact_rate"] == s["exact_match_rate"] == 1.0
+    assert cells["none"]["attack"]["token_accuracy"] == s["token_accuracy"]
+
+    stored = [quantize_rows(h, "int4") for h in states]
+    eps = max(float(quant_error_bound(h, "int4").max()) for h in stored) * 1.01 + tolerance(torch.float32)
+    s = invert(lm, stored, 2, InvertConfig(policy="learned", eps=eps), progress=False, true_ids=prompts).summary()
+    assert cells["quant:int4"]["attack"]["eps"] == pytest.approx(eps)
+    assert cells["quant:int4"]["attack"]["exact_rate"] == s["exact_match_rate"]
+    assert cells["quant:int4"]["attack"]["token_accuracy"] == s["token_accuracy"]
+
+    rob = robust_run(lm, prompts, 2, RobustConfig(sigmas=(0.0, 0.5, 3.0), trials=4, candidates=None))
+    curve = {r["sigma"]: r for r in rob.curve()}
+    for sigma in (0.5, 3.0):
+        assert cells[f"noise:{sigma:g}"]["attack"]["exact_rate"] == curve[sigma]["exact_rate"]
+        assert cells[f"noise:{sigma:g}"]["attack"]["certified_share"] == curve[sigma]["certified_rate"]
+    assert curve[3.0]["exact_rate"] < 1  # the sweep reaches a level that breaks recovery on this model
+    m = report["layers"]["2"]["margins"]
+    assert m["radius_rel_min"] == pytest.approx(rob.summary()["radius_rel_min"]) and m["exhaustive"]
+    assert report["layers"]["2"]["geometry"]["min_distance"] > 0
+
+
+def test_utility_matches_a_hand_made_edit(audited):
+    lm, cfg, out, report = audited
+    from sipit.corpora import sample
+
+    held = torch.tensor([p.ids for p in sample("tech:2", lm.tokenizer, 16, seed=2)])
+    clean = lm.logits(held)
+    noisy = Defense("noise", 3.0)
+    h = LayerTap(lm, 2).states(held)
+    # continue the forward from the edited state by hand: blocks 3.. via the edit hook on an identity
+    from sipit.models.edit import edit_layer
+
+    with edit_layer(lm, 2, lambda x: noisy.residual(h, 0)):
+        edited = lm.logits(held)
+    ce = lambda lg: float(torch.nn.functional.cross_entropy(lg[:, :-1].reshape(-1, lg.shape[-1]),  # noqa: E731
+                                                            held[:, 1:].reshape(-1)))
+    u = next(c for c in report["cells"] if c["defense"] == "noise:3")["utility"]
+    assert u["delta_ce"] == pytest.approx(ce(edited) - ce(clean), abs=1e-5)
+    agree = float((edited[:, :-1].argmax(-1) == clean[:, :-1].argmax(-1)).double().mean())
+    assert u["top1_agreement"] == pytest.approx(agree) and u["top1_agreement"] < 1
+
+
+def test_page_is_self_contained_and_rerun_skips_done_cells(audited, monkeypatch):
+    lm, cfg, out, report = audited
+    page = (out / "index.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and "http" not in page.replace("http-equiv", "")
+    assert report["layers"]["2"]["verdict"] in page
+    assert json.loads((out / "report.json").read_text())["cells"] == report["cells"]
+
+    def boom(*a, **k):
+        raise AssertionError("a finished cell was recomputed")
+
+    for name in ("attack_invert", "robustness", "utility", "collisions"):
+        monkeypatch.setattr(measure, name, boom)
+    assert run(lm, cfg, out, progress=False)["cells"] == report["cells"]
+    with pytest.raises(SipitError, match="different config"):
+        run(lm, AuditConfig(**{**CFG, "trials": 2}), out, progress=False)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--defenses", "none,blur:2"], "unknown defence 'blur:2'"),
+    (["--layers", "9"], "unknown layer 9"),
+    (["--surface", "kv"], "not supported by `sipit audit` yet"),
+    (["--surface", "attention"], "unknown surface"),
+    (["--defenses", "project:4"], "not supported by `sipit audit` yet"),
+])
+def test_bad_options_one_clear_error(tmp_path, capsys, args, message):
+    code = main(["audit", "--model", "tiny-llama", "-o", str(tmp_path / "a"), "-q", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
+    assert not (tmp_path / "a").exists()  # nothing written
