@@ -98,10 +98,30 @@ def test_page_is_self_contained_and_rerun_skips_done_cells(audited, monkeypatch)
     (["--layers", "9"], "unknown layer 9"),
     (["--surface", "kv"], "not supported by `sipit audit` yet"),
     (["--surface", "attention"], "unknown surface"),
-    (["--defenses", "project:4"], "not supported by `sipit audit` yet"),
+    (["--defenses", "project:65"], "exceeds the model's d_model=64"),
 ])
 def test_bad_options_one_clear_error(tmp_path, capsys, args, message):
     code = main(["audit", "--model", "tiny-llama", "-o", str(tmp_path / "a"), "-q", *args])
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1
     assert not (tmp_path / "a").exists()  # nothing written
+
+
+def test_projection_attack_exact_from_one_dimension_and_blind_without_information(monkeypatch):
+    lm = load_model("tiny-llama")
+    cfg = AuditConfig(**CFG)
+    prompts = load_prompts(lm, cfg)
+    # noise-free, one random direction already separates the 256 tokens: projection alone is no defence
+    for k in (64, 1):
+        a = measure.attack_projection(lm, 2, Defense("project", k), prompts)
+        assert a["exact_rate"] == 1.0 and a["certified_share"] == 1.0 and a["candidates_per_position"] == 256
+    monkeypatch.setattr(measure, "projection", lambda d, k, seed, device=None: torch.zeros(k, d))
+    blind = measure.attack_projection(lm, 2, Defense("project", 1), prompts)  # observes nothing
+    assert blind["exact_rate"] == 0.0 and blind["certified_share"] == 0.0
+    with pytest.raises(SipitError, match="too slow for a vocabulary of 256"):
+        run(lm, AuditConfig(**{**CFG, "defenses": "project:8", "exhaustive_below": 100}), "/nonexistent/x")
+
+
+def test_certified_share_reads_the_engine_summary():
+    assert measure.certified_share({"certified_positions_pct": 25.0}) == 0.25
+    assert measure.certified_share({"ok": 3}) is None  # an engine without certificates

@@ -15,7 +15,8 @@ def add_audit_parser(sub) -> None:
     s.add_argument("--layers", default=d.layers, help="'default' (1, L/2, L), 'all' or e.g. 1,8,15")
     s.add_argument("--surface", default=d.surface, help="what leaks: states (kv, logits, projection:k planned)")
     s.add_argument("--defenses", default=DEFAULT_DEFENSES,
-                   help="none, noise:SIGMA (relative; bare numbers continue the family), quant:int8|int4|fp8")
+                   help="none, noise:SIGMA (relative), quant:int8|int4|fp8, project:K (vocabularies <= 4096 "
+                        "for now); a bare value continues the previous family: noise:0.01,0.1")
     s.add_argument("--prompts", default=d.prompts, help="corpus spec NAME:N,... (see `sipit corpora`) or a .txt file")
     s.add_argument("--length", type=int, default=d.length, help="tokens per corpus prompt")
     s.add_argument("--policy", default=d.policy, help="SipIt policy: learned, exhaustive, random, gradient")

@@ -61,8 +61,9 @@ class Defense:
         """states [..., T, d] -> what is stored or leaked ([..., T, d]; project: [..., T, k])."""
         if self.family == "none":
             return states
-        if self.family == "noise":
-            return add_noise(states, float(self.param), torch.Generator().manual_seed(seed))
+        if self.family == "noise":  # add_noise draws its directions on the CPU
+            gen = torch.Generator().manual_seed(seed)
+            return add_noise(states.cpu(), float(self.param), gen).to(states.device)
         if self.family == "quant":
             return quantize_rows(states, self.param)
         return states @ projection(states.shape[-1], self.param, seed, states.device).T.to(states.dtype)
@@ -72,8 +73,6 @@ class Defense:
         if self.family == "project":
             P = projection(states.shape[-1], self.param, seed, states.device).to(states.dtype)  # [k, d]
             return states @ P.T @ P
-        if self.family == "noise":  # add_noise draws its directions on the CPU
-            return self.observe(states.cpu(), seed).to(states.device)
         return self.observe(states, seed)
 
 

@@ -147,7 +147,8 @@ Model fingerprint {report['fingerprint']}; {report['threads']} threads; load {re
 <h2>Verdicts</h2><ul>{verdicts}</ul>
 <p><b>How to read.</b> <i>Exact recovery</i>: share of prompts recovered token for token. <i>Certified</i>: for
 undefended/quantized states, the share of positions with a certificate (every other token shown farther than ε;
-n/a when the engine does not report it); for noise, the share of prompts whose certified radius exceeds σ.
+n/a when the engine does not report it); for noise, the share of prompts whose certified radius exceeds σ; for
+a projection, the share of positions where only the true token is within ε of the projected observation.
 <i>Δ CE</i>: extra next-token cross-entropy when the model continues from the defended residual stream
 (0 = free); <i>top-1 agreement</i>: share of next-token predictions unchanged. A defence works when it drives
 exact recovery to 0 at a small Δ CE. The radius ρ is the relative noise every audited prompt provably survives

@@ -24,7 +24,7 @@ from ..invert.robust import RobustConfig, Robustness, RobustnessResult
 from ..invert.verify import tolerance
 from ..models import LM, LayerTap, run_layers
 from ..models.edit import edit_layer
-from .defenses import Defense, quant_error_bound
+from .defenses import Defense, projection, quant_error_bound
 
 N_EXAMPLES = 3
 
@@ -45,10 +45,16 @@ def attack_invert(lm: LM, layer: int, defense: Defense, prompts: list[list[int]]
     s = res.summary()
     return dict(method=how, eps=res.eps, exact_rate=s["exact_match_rate"], token_accuracy=s["token_accuracy"],
                 seconds_per_prompt=s["seconds_per_prompt_mean"], candidates_per_position=s["candidates_per_position"],
-                certified_share=s.get("certified_share"), calibration_seconds=s["calibration_seconds"],
+                certified_share=certified_share(s), calibration_seconds=s["calibration_seconds"],
                 statuses=dict(ok=s["ok"], ambiguous=s["ambiguous"], failed=s["failed"]),
                 examples=[dict(original=lm.decode(p.true_ids), recovered=p.text, exact=bool(p.exact), status=p.status)
                           for p in res.prompts[:N_EXAMPLES]])
+
+
+def certified_share(summary: dict) -> float | None:
+    """Share of positions with a certificate, from an inversion summary (None: an engine without them)."""
+    pct = summary.get("certified_positions_pct")
+    return None if pct is None else pct / 100
 
 
 def robustness(lm: LM, layer: int, prompts: list[list[int]], sigmas: list[float], config: RobustConfig,
@@ -87,6 +93,45 @@ def attack_noise(lm: LM, res: RobustnessResult, sigma: float) -> dict:
                                                                                                  else " [...]"),
                                exact=f[0] == len(p.ids), status=f"exact through position {f[0]} of {len(p.ids)}")
                           for p, f in list(zip(P, firsts))[:N_EXAMPLES]])
+
+
+@torch.no_grad()
+def attack_projection(lm: LM, layer: int, defense: Defense, prompts: list[list[int]], seed: int = 0,
+                      batch: int = 512) -> dict:
+    """project:k by nearest-candidate decoding over every token, the attacker knowing P [k, d]: at each
+    position the token whose projected state on the recovered prefix is nearest the observed h_t Pᵀ.
+    A position is certified when the true token is within ε of the observation and every other
+    token (outside its duplicate class) farther than ε, relatively (the SipIt rule on this surface)."""
+    tap, canon, eps = LayerTap(lm, layer), embedding_classes(lm).to(lm.device), tolerance(torch.float32)
+    P = projection(lm.d_model, defense.param, seed, lm.device).double()  # [k, d]
+    vocab = torch.arange(lm.vocab_size, device=lm.device)
+    rows, t0 = [], time.perf_counter()
+    for ids in prompts:
+        obs = tap.states(torch.tensor(ids, device=lm.device)).double() @ P.T  # [T, k]
+        correct, certified = 0, 0
+        for t, true in enumerate(ids):
+            prefix = tap.prefill(torch.tensor(ids[:t], device=lm.device))
+            d = torch.cat([(tap.extend(prefix, b).double() @ P.T - obs[t]).norm(dim=-1) for b in vocab.split(batch)])
+            d = d / obs[t].norm().clamp_min(1e-30)  # [V] relative
+            same = canon == canon[true]  # the true token's class of identical embedding rows
+            certified += bool(d[same].min() <= eps < d[~same].min()) if (~same).any() else bool(d[same].min() <= eps)
+            if not same[int(d.argmin())]:
+                break  # decoding on a wrong prefix: exact recovery is lost
+            correct += 1
+        rows.append(dict(ids=ids, correct=correct, certified=certified))
+    n_pos = sum(len(r["ids"]) for r in rows)
+    return dict(method=f"nearest-candidate decoding over every token, P known ({defense.param} of {lm.d_model} dims)",
+                exact_rate=sum(r["correct"] == len(r["ids"]) for r in rows) / len(rows),
+                token_accuracy=sum(r["correct"] / len(r["ids"]) for r in rows) / len(rows),
+                token_accuracy_note="correct prefix before the first wrong position",
+                seconds_per_prompt=round((time.perf_counter() - t0) / len(rows), 4),
+                candidates_per_position=float(lm.vocab_size),
+                certified_share=sum(r["certified"] for r in rows) / n_pos,
+                certified_note=f"positions decoded with only the true token's class within eps={eps:g}",
+                examples=[dict(original=lm.decode(r["ids"]), recovered=lm.decode(r["ids"][:r["correct"]])
+                               + ("" if r["correct"] == len(r["ids"]) else " [...]"), exact=r["correct"] == len(r["ids"]),
+                               status=f"exact through position {r['correct']} of {len(r['ids'])}")
+                          for r in rows[:N_EXAMPLES]])
 
 
 # ---------------------------------------------------------------- geometry

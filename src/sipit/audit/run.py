@@ -68,9 +68,10 @@ def resolve(lm: LM, cfg: AuditConfig) -> tuple[list[int], list[Defense]]:
     L = lm.n_layers
     layers = sorted({1, L // 2, L}) if cfg.layers == "default" else parse_layers(cfg.layers, L)
     defenses = parse_defenses(cfg.defenses, lm.d_model)
-    if any(d.family == "project" for d in defenses):
-        raise SipitError("defence project:k is not supported by `sipit audit` yet: attacking a projection "
-                         "needs the projection surface of issue 16 (sipit.models.surfaces)")
+    if any(d.family == "project" for d in defenses) and lm.vocab_size > cfg.exhaustive_below:
+        raise SipitError(f"defence project:k is attacked here by trying every token at every position, too slow "
+                         f"for a vocabulary of {lm.vocab_size:,} (limit {cfg.exhaustive_below:,}); on large "
+                         "models it needs the projection surface of issue 16 (sipit.models.surfaces)")
     return layers, defenses
 
 
@@ -130,6 +131,8 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True) ->
             def cell():
                 if defense.family == "noise":
                     attack = measure.attack_noise(lm, _robust_result(rob), defense.param)
+                elif defense.family == "project":
+                    attack = measure.attack_projection(lm, layer, defense, prompts, cfg.seed)
                 else:
                     attack = measure.attack_invert(lm, layer, defense, prompts, cfg.policy, cfg.seed)
                 return dict(surface=cfg.surface, layer=layer, defense=defense.name, family=defense.family,
