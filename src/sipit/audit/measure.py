@@ -32,9 +32,9 @@ N_EXAMPLES = 3
 # ---------------------------------------------------------------- attack
 
 
-def attack_invert(lm: LM, layer: int, defense: Defense, prompts: list[list[int]], policy: str, seed: int = 0) -> dict:
-    """SipIt on the defended states of `prompts` (none or quant). -> the cell's attack dict."""
-    tap = LayerTap(lm, layer)
+def attack_invert(lm: LM, tap: LayerTap, defense: Defense, prompts: list[list[int]], policy: str, seed: int = 0) -> dict:
+    """SipIt on the defended observations (`tap.states`) of `prompts` (none or quant). -> the cell's attack dict."""
+    layer = tap.layer
     observed = [defense.observe(tap.states(torch.tensor(ids, device=lm.device)), seed) for ids in prompts]
     eps, how = None, "SipIt, eps from the states' dtype"
     if defense.family == "quant":  # the attacker accepts anything within the format's own error
@@ -96,13 +96,13 @@ def attack_noise(lm: LM, res: RobustnessResult, sigma: float) -> dict:
 
 
 @torch.no_grad()
-def attack_projection(lm: LM, layer: int, defense: Defense, prompts: list[list[int]], seed: int = 0,
+def attack_projection(lm: LM, tap: LayerTap, defense: Defense, prompts: list[list[int]], seed: int = 0,
                       batch: int = 512) -> dict:
     """project:k by nearest-candidate decoding over every token, the attacker knowing P [k, d]: at each
     position the token whose projected state on the recovered prefix is nearest the observed h_t Pᵀ.
     A position is certified when the true token is within ε of the observation and every other
     token (outside its duplicate class) farther than ε, relatively (the SipIt rule on this surface)."""
-    tap, canon, eps = LayerTap(lm, layer), embedding_classes(lm).to(lm.device), tolerance(torch.float32)
+    canon, eps = embedding_classes(lm).to(lm.device), tolerance(torch.float32)
     P = projection(lm.d_model, defense.param, seed, lm.device).double()  # [k, d]
     vocab = torch.arange(lm.vocab_size, device=lm.device)
     rows, t0 = [], time.perf_counter()

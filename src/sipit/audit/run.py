@@ -26,16 +26,13 @@ from ..models import LM, LayerTap
 from . import measure
 from .defenses import Defense, parse_defenses
 
-DEFAULT_DEFENSES = "none,noise:0.001,0.01,0.03,0.1,0.3,1,quant:int8,fp8,int4"
+DEFAULT_DEFENSES = "none,noise:0.001,0.01,0.03,0.1,0.3,1,3,10,quant:int8,fp8,int4"
 
 
-def _states_surface(lm: LM, layer: int) -> LayerTap:
-    return LayerTap(lm, layer)
-
-
-# surface name -> tap factory (lm, layer) -> tap whose .states(ids) is what leaks. Only `states`
-# today; sipit.models.surfaces (issue 16) plugs kv / logits / projection:k in here.
-SURFACES = {"states": _states_surface}
+# surface name -> tap factory (lm, layer) -> a tap whose .states / .prefill / .extend give what leaks.
+# Only `states` today; sipit.models.surfaces (issue 16) plugs kv / logits / projection:k in here
+# (and `invert` must then compare observations of that surface: see measure.attack_invert).
+SURFACES = {"states": LayerTap}
 PLANNED_SURFACES = ("kv", "logits", "projection")
 
 
@@ -48,7 +45,7 @@ class AuditConfig:
     prompts: str = "prose:8,code:2"  # corpus spec NAME:N,... or a .txt file (one prompt per line)
     length: int = 20  # tokens per corpus prompt
     policy: str = "learned"  # SipIt's candidate ordering (invert/policies.py)
-    candidates: int | None = 64  # noise attack: policy top-k + k random per position; None = every token
+    candidates: int | None = 16  # noise attack: policy top-k + k random per position; None = every token
     exhaustive_below: int = 4096  # ... but every token (a certified radius) when the vocabulary is this small
     trials: int = 4  # noisy copies per prompt and sigma
     geometry_prompts: int = 200  # sampled prompts for the collision test
@@ -98,7 +95,8 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True) ->
     layers, defenses = resolve(lm, cfg)
     prompts = load_prompts(lm, cfg)
     t0 = time.perf_counter()
-    open_run_dir(out, "audit", asdict(cfg), dict(model=lm.name, fingerprint=lm.fingerprint, n_layers=lm.n_layers))
+    # the weights' fingerprint is part of the config: cells of other weights are never reused
+    open_run_dir(out, "audit", dict(asdict(cfg), fingerprint=lm.fingerprint), dict(model=lm.name, n_layers=lm.n_layers))
     geo_prompts = [p.ids for p in sample(f"prose:{cfg.geometry_prompts // 2},random:{cfg.geometry_prompts // 2}",
                                          lm.tokenizer, cfg.length, seed=cfg.seed + 1)]
     held = torch.tensor([p.ids for p in sample(cfg.utility_text, lm.tokenizer, cfg.utility_length,
@@ -113,6 +111,7 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True) ->
     bar = tqdm(total=len(layers) * (len(defenses) + 2), desc=f"audit {lm.name}", unit="cell", disable=not progress)
     for layer in layers:
         d = out / "cells" / cfg.surface / f"L{layer:03d}"
+        tap = SURFACES[cfg.surface](lm, layer)
 
         def geometry():
             nonlocal geo_states
@@ -132,9 +131,9 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True) ->
                 if defense.family == "noise":
                     attack = measure.attack_noise(lm, _robust_result(rob), defense.param)
                 elif defense.family == "project":
-                    attack = measure.attack_projection(lm, layer, defense, prompts, cfg.seed)
+                    attack = measure.attack_projection(lm, tap, defense, prompts, cfg.seed)
                 else:
-                    attack = measure.attack_invert(lm, layer, defense, prompts, cfg.policy, cfg.seed)
+                    attack = measure.attack_invert(lm, tap, defense, prompts, cfg.policy, cfg.seed)
                 return dict(surface=cfg.surface, layer=layer, defense=defense.name, family=defense.family,
                             strength=defense.strength, attack=attack,
                             utility=measure.utility(lm, layer, defense, held, clean, cfg.seed))
