@@ -99,6 +99,8 @@ def test_page_is_self_contained_and_rerun_skips_done_cells(audited, monkeypatch)
     (["--surface", "kv"], "not supported by `sipit audit` yet"),
     (["--surface", "attention"], "unknown surface"),
     (["--defenses", "project:65"], "exceeds the model's d_model=64"),
+    (["--policy", "nope"], "unknown policy 'nope'"),
+    (["--trials", "0"], "--trials must be at least 1"),
 ])
 def test_bad_options_one_clear_error(tmp_path, capsys, args, message):
     code = main(["audit", "--model", "tiny-llama", "-o", str(tmp_path / "a"), "-q", *args])
@@ -113,10 +115,10 @@ def test_projection_attack_exact_from_one_dimension_and_blind_without_informatio
     prompts = load_prompts(lm, cfg)
     # noise-free, one random direction already separates the 256 tokens: projection alone is no defence
     for k in (64, 1):
-        a = measure.attack_projection(lm, 2, Defense("project", k), prompts)
+        a = measure.attack_projection(lm, LayerTap(lm, 2), Defense("project", k), prompts)
         assert a["exact_rate"] == 1.0 and a["certified_share"] == 1.0 and a["candidates_per_position"] == 256
     monkeypatch.setattr(measure, "projection", lambda d, k, seed, device=None: torch.zeros(k, d))
-    blind = measure.attack_projection(lm, 2, Defense("project", 1), prompts)  # observes nothing
+    blind = measure.attack_projection(lm, LayerTap(lm, 2), Defense("project", 1), prompts)  # observes nothing
     assert blind["exact_rate"] == 0.0 and blind["certified_share"] == 0.0
     with pytest.raises(SipitError, match="too slow for a vocabulary of 256"):
         run(lm, AuditConfig(**{**CFG, "defenses": "project:8", "exhaustive_below": 100}), "/nonexistent/x")

@@ -21,7 +21,7 @@ import torch
 from ..collisions.common import cached_json, open_run_dir, parse_layers
 from ..corpora import sample
 from ..invert.robust import RobustConfig
-from ..io import SipitError, read_json, write_json
+from ..io import SipitError, write_json
 from ..models import LM, LayerTap
 from . import measure
 from .defenses import Defense, parse_defenses
@@ -62,6 +62,15 @@ def resolve(lm: LM, cfg: AuditConfig) -> tuple[list[int], list[Defense]]:
             raise SipitError(f"surface {cfg.surface!r} is not supported by `sipit audit` yet: it needs the "
                              f"observation surfaces of issue 16 (sipit.models.surfaces); use --surface states")
         raise SipitError(f"unknown surface {cfg.surface!r}: use states (kv, logits, projection:k planned)")
+    for name, value, low in (("trials", cfg.trials, 1), ("candidates", cfg.candidates or 1, 1),
+                             ("geometry-prompts", cfg.geometry_prompts, 4), ("length", cfg.length, 1),
+                             ("utility-length", cfg.utility_length, 2)):
+        if value < low:
+            raise SipitError(f"--{name} must be at least {low}, got {value}")
+    from ..invert.policies import POLICIES
+
+    if cfg.policy not in POLICIES:
+        raise SipitError(f"unknown policy {cfg.policy!r}: use one of {', '.join(POLICIES)}")
     L = lm.n_layers
     layers = sorted({1, L // 2, L}) if cfg.layers == "default" else parse_layers(cfg.layers, L)
     defenses = parse_defenses(cfg.defenses, lm.d_model)
@@ -194,9 +203,3 @@ def verdict(layer: int, cells: list[dict], margins: dict) -> str:
                     if margins["exhaustive"] else "noise below it is not expected to stop recovery."))
     return "".join(parts)
 
-
-def load_report(out_dir: str | Path) -> dict:
-    path = Path(out_dir) / "report.json"
-    if not path.exists():
-        raise SipitError(f"{out_dir} has no report.json: not a finished audit")
-    return read_json(path)
