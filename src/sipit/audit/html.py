@@ -101,13 +101,14 @@ def _examples(cells: list[dict]) -> str:
             "<th>original</th><th>recovered</th><th></th></tr>" + "".join(rows) + "</table></details>")
 
 
-def _geometry(layer: str, info: dict) -> str:
+def _geometry(info: dict) -> str:
     g, m = info["geometry"], info["margins"]
     mq = m["margin_quantiles"]
     return (f"<p><b>Geometry.</b> Minimum distance between last-token states of {g['prompts']} sampled prompts "
             f"({g['pairs']:,} pairs, exact): {_num(g['min_distance'])} ({_num(g['min_relative'])} of the median "
             f"norm {g['median_norm']:.3g}); structural pairs (identical embedding rows): {g['structural_pairs']}. "
-            f"Per-position margin Δ_t/‖h_t‖ of the attacked prompts: min {_num(mq['0.0'])}, 1% {_num(mq['0.01'])}, "
+            f"Per-position margin Δ_t/‖h_t‖ of the attacked prompts: min {_num(mq['0.0'])}, "
+            f"1% {_num(mq['0.01'])}, "
             f"median {_num(mq['0.5'])}. Noise radius ρ ({html.escape(m['bound'])}): min {_num(m['radius_rel_min'])}, "
             f"median {_num(m['radius_rel_median'])}.</p>")
 
@@ -129,13 +130,15 @@ def write_page(report: dict, out: Path) -> Path:
         cells = [c for c in report["cells"] if c["layer"] == int(layer)]
         png = plot_tradeoff(report, int(layer), out / f"tradeoff_L{int(layer):03d}.png")
         methods = sorted({f"{c['family']}: {c['attack']['method']}" for c in cells})
-        sections.append(f"<h2>Layer {layer} of {report['n_layers']}</h2><p class=verdict>{html.escape(info['verdict'])}</p>"
+        sections.append(f"<h2>Layer {layer} of {report['n_layers']}</h2>"
+                        f"<p class=verdict>{html.escape(info['verdict'])}</p>"
                         f"{_cell_rows(cells)}<p><small>Attacks: {html.escape('; '.join(methods))}.</small></p>"
-                        f"{_geometry(layer, info)}{_img(png, f'privacy vs utility, layer {layer}')}"
+                        f"{_geometry(info)}{_img(png, f'privacy vs utility, layer {layer}')}"
                         f"{_examples(cells)}")
     verdicts = "".join(f"<li>{html.escape(i['verdict'])}</li>" for _, i in
                        sorted(report["layers"].items(), key=lambda kv: int(kv[0])))
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>sipit audit: {html.escape(report['model'])}</title>
+    title = f"sipit audit: {html.escape(report['model'])}"
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{title}</title>
 <style>{STYLE}</style></head><body>
 <h1>Does {html.escape(report['model'])} leak the prompt?</h1>
 <p>Surface <b>{html.escape(cfg['surface'])}</b> (the residual stream at each audited layer, every position), attacked

@@ -32,7 +32,8 @@ N_EXAMPLES = 3
 # ---------------------------------------------------------------- attack
 
 
-def attack_invert(lm: LM, tap: LayerTap, defense: Defense, prompts: list[list[int]], policy: str, seed: int = 0) -> dict:
+def attack_invert(lm: LM, tap: LayerTap, defense: Defense, prompts: list[list[int]], policy: str,
+                  seed: int = 0) -> dict:
     """SipIt on the defended observations (`tap.states`) of `prompts` (none or quant). -> the cell's attack dict."""
     layer = tap.layer
     observed = [defense.observe(tap.states(torch.tensor(ids, device=lm.device)), seed) for ids in prompts]
@@ -89,10 +90,13 @@ def attack_noise(lm: LM, res: RobustnessResult, sigma: float) -> dict:
                 candidates_per_position=sum(p.candidates_per_position for p in P) / len(P),
                 certified_share=sum(sigma < p.radius_rel for p in P) / len(P) if res.exhaustive else None,
                 certified_note=f"prompts with sigma below their radius ({bound})",
-                examples=[dict(original=lm.decode(p.ids), recovered=lm.decode(p.ids[:f[0]]) + ("" if f[0] == len(p.ids)
-                                                                                                 else " [...]"),
-                               exact=f[0] == len(p.ids), status=f"exact through position {f[0]} of {len(p.ids)}")
-                          for p, f in list(zip(P, firsts))[:N_EXAMPLES]])
+                examples=[_prefix_example(lm, p.ids, f[0]) for p, f in list(zip(P, firsts))[:N_EXAMPLES]])
+
+
+def _prefix_example(lm: LM, ids: list[int], correct: int) -> dict:
+    """An example of decoding that follows a prompt until its first wrong position."""
+    return dict(original=lm.decode(ids), recovered=lm.decode(ids[:correct]) + ("" if correct == len(ids) else " [...]"),
+                exact=correct == len(ids), status=f"exact through position {correct} of {len(ids)}")
 
 
 @torch.no_grad()
@@ -128,10 +132,7 @@ def attack_projection(lm: LM, tap: LayerTap, defense: Defense, prompts: list[lis
                 candidates_per_position=float(lm.vocab_size),
                 certified_share=sum(r["certified"] for r in rows) / n_pos,
                 certified_note=f"positions decoded with only the true token's class within eps={eps:g}",
-                examples=[dict(original=lm.decode(r["ids"]), recovered=lm.decode(r["ids"][:r["correct"]])
-                               + ("" if r["correct"] == len(r["ids"]) else " [...]"), exact=r["correct"] == len(r["ids"]),
-                               status=f"exact through position {r['correct']} of {len(r['ids'])}")
-                          for r in rows[:N_EXAMPLES]])
+                examples=[_prefix_example(lm, r["ids"], r["correct"]) for r in rows[:N_EXAMPLES]])
 
 
 # ---------------------------------------------------------------- geometry
