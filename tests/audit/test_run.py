@@ -127,3 +127,14 @@ def test_projection_attack_exact_from_one_dimension_and_blind_without_informatio
 def test_certified_share_reads_the_engine_summary():
     assert measure.certified_share({"certified_positions_pct": 25.0}) == 0.25
     assert measure.certified_share({"ok": 3}) is None  # an engine without certificates
+
+
+def test_cli_writes_the_page_and_prints_verdicts(tmp_path, capsys):
+    out = tmp_path / "a"
+    code = main(["audit", "--model", "tiny-llama", "--layers", "1", "--defenses", "none,quant:int8", "--prompts",
+                 "prose:2", "--length", "6", "--geometry-prompts", "8", "--utility-text", "tech:1", "-q", "-o", str(out)])
+    printed = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert code == 0 and report["layers"]["1"]["verdict"] in printed
+    assert [c["defense"] for c in report["cells"]] == ["none", "quant:int8"]
+    assert {p.name for p in out.glob("*.png")} == {"margins.png", "tradeoff_L001.png"}
