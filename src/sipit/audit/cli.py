@@ -23,6 +23,9 @@ def add_audit_parser(sub) -> None:
     s.add_argument("--candidates", type=int, default=d.candidates,
                    help="noise attack on vocabularies > 4096: policy top-k + k random per position (an upper "
                         "bound, not a certificate); 0 = every token (certified, slow)")
+    s.add_argument("--max-candidates", type=int, default=d.max_candidates,
+                   help="SipIt attacks (none, quant): tokens tried per position before the prompt counts as "
+                        "not recovered; 0 = the whole vocabulary")
     s.add_argument("--trials", type=int, default=d.trials, help="noisy copies per prompt and sigma")
     s.add_argument("--geometry-prompts", type=int, default=d.geometry_prompts,
                    help="sampled prompts for the minimum collision distance")
@@ -39,8 +42,8 @@ def cmd_audit(args) -> int:
 
     names = {f.name for f in fields(AuditConfig)}
     cfg = AuditConfig(**{k: v for k, v in vars(args).items() if k in names})
-    if cfg.candidates == 0:
-        cfg.candidates = None
+    cfg.candidates = cfg.candidates or None  # 0: every token
+    cfg.max_candidates = cfg.max_candidates or None
     lm = load_model(cfg.model, device=args.device)
     resolve(lm, cfg)  # bad options fail before any work
     report = run(lm, cfg, args.output, progress=not args.quiet)

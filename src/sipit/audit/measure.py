@@ -33,8 +33,9 @@ N_EXAMPLES = 3
 
 
 def attack_invert(lm: LM, tap: LayerTap, defense: Defense, prompts: list[list[int]], policy: str,
-                  seed: int = 0) -> dict:
-    """SipIt on the defended observations (`tap.states`) of `prompts` (none or quant). -> the cell's attack dict."""
+                  seed: int = 0, max_candidates: int | None = None) -> dict:
+    """SipIt on the defended observations (`tap.states`) of `prompts` (none or quant), trying at most
+    `max_candidates` tokens per position. -> the cell's attack dict."""
     layer = tap.layer
     observed = [defense.observe(tap.states(torch.tensor(ids, device=lm.device)), seed) for ids in prompts]
     eps, how = None, "SipIt, eps from the states' dtype"
@@ -42,7 +43,10 @@ def attack_invert(lm: LM, tap: LayerTap, defense: Defense, prompts: list[list[in
         bound = max(float(quant_error_bound(o, defense.param).max()) for o in observed)
         eps = bound * 1.01 + tolerance(torch.float32)
         how = f"SipIt, eps = worst-case {defense.param} storage error (+1%) = {eps:.3g}"
-    res = invert(lm, observed, layer, InvertConfig(policy=policy, eps=eps), progress=False, true_ids=prompts)
+    if max_candidates is not None and max_candidates < lm.vocab_size:
+        how += f", at most {max_candidates} candidates per position"
+    config = InvertConfig(policy=policy, eps=eps, max_candidates=max_candidates)
+    res = invert(lm, observed, layer, config, progress=False, true_ids=prompts)
     s = res.summary()
     return dict(method=how, eps=res.eps, exact_rate=s["exact_match_rate"], token_accuracy=s["token_accuracy"],
                 seconds_per_prompt=s["seconds_per_prompt_mean"], candidates_per_position=s["candidates_per_position"],

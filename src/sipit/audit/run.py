@@ -47,6 +47,9 @@ class AuditConfig:
     policy: str = "learned"  # SipIt's candidate ordering (invert/policies.py)
     candidates: int | None = 16  # noise attack: policy top-k + k random per position; None = every token
     exhaustive_below: int = 4096  # ... but every token (a certified radius) when the vocabulary is this small
+    max_candidates: int | None = 1024  # SipIt attacks: per position, then the prompt counts as not recovered
+    #   (a coarse format's ε admits a wrong token, after which no token fits: a search of the whole
+    #   vocabulary at every later position; None = no cap)
     trials: int = 4  # noisy copies per prompt and sigma
     geometry_prompts: int = 200  # sampled prompts for the collision test
     utility_text: str = "tech:8"  # held-out corpus for the utility cost
@@ -63,6 +66,7 @@ def resolve(lm: LM, cfg: AuditConfig) -> tuple[list[int], list[Defense]]:
                              f"observation surfaces of issue 16 (sipit.models.surfaces); use --surface states")
         raise SipitError(f"unknown surface {cfg.surface!r}: use states (kv, logits, projection:k planned)")
     for name, value, low in (("trials", cfg.trials, 1), ("candidates", cfg.candidates or 1, 1),
+                             ("max-candidates", cfg.max_candidates or 1, 1),
                              ("geometry-prompts", cfg.geometry_prompts, 4), ("length", cfg.length, 1),
                              ("utility-length", cfg.utility_length, 2)):
         if value < low:
@@ -142,7 +146,8 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True) ->
                 elif defense.family == "project":
                     attack = measure.attack_projection(lm, tap, defense, prompts, cfg.seed)
                 else:
-                    attack = measure.attack_invert(lm, tap, defense, prompts, cfg.policy, cfg.seed)
+                    attack = measure.attack_invert(lm, tap, defense, prompts, cfg.policy, cfg.seed,
+                                                   cfg.max_candidates)
                 return dict(surface=cfg.surface, layer=layer, defense=defense.name, family=defense.family,
                             strength=defense.strength, attack=attack,
                             utility=measure.utility(lm, layer, defense, held, clean, cfg.seed))
