@@ -138,3 +138,20 @@ def test_cli_writes_the_page_and_prints_verdicts(tmp_path, capsys):
     assert code == 0 and report["layers"]["1"]["verdict"] in printed
     assert [c["defense"] for c in report["cells"]] == ["none", "quant:int8"]
     assert {p.name for p in out.glob("*.png")} == {"margins.png", "tradeoff_L001.png"}
+
+
+def test_verdict_names_the_weakest_stopping_defence_and_its_cost():
+    from sipit.audit.run import verdict
+
+    def cell(name, family, strength, exact, tokens, dce, top1):
+        return dict(defense=name, family=family, strength=strength, attack=dict(exact_rate=exact, token_accuracy=tokens),
+                    utility=dict(delta_ce=dce, top1_agreement=top1))
+
+    cells = [cell("none", "none", 0, 1.0, 1.0, 0, 1), cell("noise:3", "noise", 3, 0.0, 0.2, 2.5, 0.1),
+             cell("noise:1", "noise", 1, 0.0, 0.6, 0.5, 0.7), cell("noise:0.1", "noise", 0.1, 0.4, 0.9, 0.01, 0.99),
+             cell("quant:int8", "quant", 0.125, 1.0, 1.0, 0.0, 1.0)]
+    v = verdict(7, cells, dict(exhaustive=True, radius_rel_min=0.05))
+    assert v.startswith("Layer 7: undefended, SipIt recovers 100% of prompts exactly")
+    assert "noise stops exact recovery by these attacks from noise:1 (tokens still recovered: 60%) at a cost of " \
+           "+0.5 nats/token (top-1 agreement 70%)" in v
+    assert "no quantization tried stops it (quant:int8)" in v and "rho = 0.05" in v and "provably" in v

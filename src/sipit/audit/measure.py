@@ -42,7 +42,8 @@ def attack_invert(lm: LM, tap: LayerTap, defense: Defense, prompts: list[list[in
     if defense.family == "quant":  # the attacker accepts anything within the format's own error
         bound = max(float(quant_error_bound(o, defense.param).max()) for o in observed)
         eps = bound * 1.01 + tolerance(torch.float32)
-        how = f"SipIt, eps = worst-case {defense.param} storage error (+1%) = {eps:.3g}"
+        how = (f"SipIt, eps = worst-case {defense.param} storage error (+1%) = {eps:.3g} (greedy: a wrong token "
+               "within eps ends the attempt; a joint or backtracking attacker may recover more)")
     if max_candidates is not None and max_candidates < lm.vocab_size:
         how += f", at most {max_candidates} candidates per position"
     config = InvertConfig(policy=policy, eps=eps, max_candidates=max_candidates)

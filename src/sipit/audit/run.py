@@ -200,8 +200,9 @@ def verdict(layer: int, cells: list[dict], margins: dict) -> str:
             parts.append(f"; no {label} tried stops it ({', '.join(c['defense'] for c in fam)})")
         else:
             u = stop["utility"]
-            parts.append(f"; {label} stops exact recovery from {stop['defense']} at a cost of "
-                         f"{u['delta_ce']:+.3g} nats/token (top-1 agreement {u['top1_agreement']:.0%})")
+            parts.append(f"; {label} stops exact recovery by these attacks from {stop['defense']} (tokens still "
+                         f"recovered: {stop['attack']['token_accuracy']:.0%}) at a cost of {u['delta_ce']:+.3g} "
+                         f"nats/token (top-1 agreement {u['top1_agreement']:.0%})")
     kind = "certified" if margins["exhaustive"] else "estimated (upper bound, candidate subset)"
     parts.append(f". Noise radius ({kind}): rho = {margins['radius_rel_min']:.3g}; "
                  + ("relative noise below it provably cannot stop recovery of these prompts."
