@@ -110,7 +110,8 @@ def _geometry(info: dict) -> str:
             f"Per-position margin Δ_t/‖h_t‖ of the attacked prompts: min {_num(mq['0.0'])}, "
             f"1% {_num(mq['0.01'])}, "
             f"median {_num(mq['0.5'])}. Noise radius ρ ({html.escape(m['bound'])}): min {_num(m['radius_rel_min'])}, "
-            f"median {_num(m['radius_rel_median'])}.</p>")
+            f"median {_num(m['radius_rel_median'])}. One-time calibration of the attack's policy: "
+            f"{_num(m.get('calibration_seconds'), '.0f')} s (0 when cached).</p>")
 
 
 STYLE = """body{font-family:sans-serif;max-width:1150px;margin:1.5em auto;padding:0 1em;color:#222;line-height:1.4}

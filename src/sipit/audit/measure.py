@@ -64,8 +64,9 @@ def certified_share(summary: dict) -> float | None:
 
 
 def robustness(lm: LM, layer: int, prompts: list[list[int]], sigmas: list[float], config: RobustConfig,
-               progress: bool = False) -> RobustnessResult:
-    """robust.py on `prompts` with σ = 0 and `sigmas` (one candidate pass per prompt serves all)."""
+               progress: bool = False) -> tuple[RobustnessResult, float]:
+    """robust.py on `prompts` with σ = 0 and `sigmas` (one candidate pass per prompt serves all).
+    Also returns the seconds its policy spent calibrating (0 when cached): the audit's one-time cost."""
     from tqdm.auto import tqdm
 
     config = RobustConfig(**{**config.__dict__, "sigmas": tuple(sorted({0.0, *sigmas}))})
@@ -76,7 +77,7 @@ def robustness(lm: LM, layer: int, prompts: list[list[int]], sigmas: list[float]
     for ids in tqdm(prompts, desc=f"noise L{layer}", unit="prompt", disable=not progress, leave=False):
         res.prompts.append(engine.prompt(ids))
     res.seconds = time.perf_counter() - t0
-    return res
+    return res, getattr(engine.policy, "calibration_seconds", 0.0)
 
 
 def attack_noise(lm: LM, res: RobustnessResult, sigma: float) -> dict:
@@ -166,7 +167,7 @@ def collisions(lm: LM, prompts: list[list[int]], layer: int, states: Tensor) -> 
                 quantiles=a["distribution"]["quantiles"] if a["distribution"] else None)
 
 
-def margins(res: RobustnessResult) -> dict:
+def margins(res: RobustnessResult, calibration_seconds: float = 0.0) -> dict:
     """Per-position relative margins Δ_t/‖ĥ_t‖ and the certified noise radius of a robustness run."""
     rel = sorted(D / n for p in res.prompts for D, n in zip(p.delta, p.norm))
     s = res.summary()
@@ -174,7 +175,7 @@ def margins(res: RobustnessResult) -> dict:
     return dict(relative_margins=rel, margin_quantiles={str(f): q(f) for f in (0.0, 0.01, 0.1, 0.5, 0.9, 1.0)},
                 radius_rel_min=s["radius_rel_min"], radius_rel_median=s["radius_rel_median"],
                 radius_abs_min=s["radius_abs_min"], exhaustive=res.exhaustive, bound=s["bound"],
-                seconds=s["seconds"])
+                seconds=s["seconds"], calibration_seconds=round(calibration_seconds, 2))
 
 
 # ---------------------------------------------------------------- utility

@@ -135,7 +135,7 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True) ->
         geo = cached_json(d / "geometry.json", geometry)
         bar.update()
         rob = cached_json(d / "robustness.json",
-                          lambda: _robust_dict(measure.robustness(lm, layer, prompts, sigmas, rcfg, progress)))
+                          lambda: _robust_dict(*measure.robustness(lm, layer, prompts, sigmas, rcfg, progress)))
         bar.update()
         for defense in defenses:
             bar.set_postfix_str(f"L{layer} {defense.name}")
@@ -168,9 +168,9 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True) ->
     return report
 
 
-def _robust_dict(res) -> dict:
+def _robust_dict(res, calibration_seconds: float) -> dict:
     """A robustness run as JSON: the summary, per-prompt numbers and the layer's margins."""
-    return dict(res.to_dict(), margins=measure.margins(res))
+    return dict(res.to_dict(), margins=measure.margins(res, calibration_seconds))
 
 
 def _robust_result(d: dict):
