@@ -396,6 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_calibrate_parser(sub, add_model)
 
+    from .audit.cli import add_audit_parser
+
+    add_audit_parser(sub)
+
     s = sub.add_parser("bench", help=f"run a benchmark and print JSON: {', '.join(BENCHMARKS)} or all; "
                                       "extra arguments go to the benchmark")
     s.add_argument("name", choices=[*BENCHMARKS, "all"])

@@ -1,0 +1,164 @@
+"""The audit's page: one self-contained index.html (no network, PNGs inline as base64), and the PNGs.
+
+    write_page(report, out_dir)   # tradeoff_L008.png per layer, margins.png, index.html
+"""
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+from ..io import atomic_write
+from ..report import _pyplot, _save
+
+FAMILY_STYLE = {"none": ("k", "*"), "noise": ("tab:blue", "o"), "quant": ("tab:orange", "s"),
+                "project": ("tab:green", "^")}
+
+
+def plot_tradeoff(report: dict, layer: int, path: Path) -> Path:
+    """Exact-recovery rate vs utility cost (share of next-token predictions changed), one curve per
+    defence family; the tables give Δ cross-entropy too."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    cells = [c for c in report["cells"] if c["layer"] == layer]
+    for family, (color, marker) in FAMILY_STYLE.items():
+        fam = sorted((c for c in cells if c["family"] == family), key=lambda c: c["strength"])
+        if not fam:
+            continue
+        x = [1 - c["utility"]["top1_agreement"] for c in fam]
+        y = [c["attack"]["exact_rate"] for c in fam]
+        ax.plot(x, y, marker=marker, color=color, ms=7 if family == "none" else 5, label=family)
+        for c, xi, yi in zip(fam, x, y):
+            if family != "none":
+                ax.annotate(c["defense"].split(":", 1)[1], (xi, yi), textcoords="offset points", xytext=(4, 4),
+                            fontsize=7, color=color)
+    ax.set_xlim(-0.03, 1.03)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("utility cost: share of next-token predictions changed (1 − top-1 agreement)")
+    ax.set_ylabel("exact prompt recovery rate")
+    ax.set_title(f"{report['model']} layer {layer}: privacy vs utility")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(plt, fig, path)
+
+
+def plot_margins(report: dict, path: Path) -> Path:
+    """Per-position relative margin Δ_t/‖ĥ_t‖ (sorted, one curve per layer) with each layer's radius ρ."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, (layer, info) in enumerate(sorted(report["layers"].items(), key=lambda kv: int(kv[0]))):
+        m = info["margins"]
+        rel = m["relative_margins"]
+        line, = ax.plot([(j + 0.5) / len(rel) for j in range(len(rel))], [max(r, 1e-12) for r in rel],
+                        label=f"layer {layer}")
+        ax.axhline(max(m["radius_rel_min"], 1e-12), color=line.get_color(), ls=":", lw=1)
+    ax.set_yscale("log")
+    ax.set_xlabel("fraction of positions")
+    ax.set_ylabel("relative margin Δ_t / ‖h_t‖ (dotted: radius ρ)")
+    ax.set_title(f"{report['model']}: margins of the attacked prompts")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(plt, fig, path)
+
+
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _num(x, fmt: str = ".3g") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{x:.0%}"
+
+
+def _cell_rows(cells: list[dict]) -> str:
+    rows = []
+    for c in cells:
+        a, u = c["attack"], c["utility"]
+        rows.append("<tr>" + "".join(f"<td>{v}</td>" for v in (
+            html.escape(c["defense"]), _pct(a["exact_rate"]), _pct(a["token_accuracy"]),
+            _num(a["seconds_per_prompt"]), _num(a["candidates_per_position"], ".1f"), _pct(a.get("certified_share")),
+            f"{u['delta_ce']:+.3g}", _pct(u["top1_agreement"]))) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("defence", "exact recovery", "token accuracy", "s / prompt",
+                                              "candidates / position", "certified", "Δ CE (nats/token)",
+                                              "top-1 agreement"))
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def _examples(cells: list[dict]) -> str:
+    rows = []
+    for c in cells:
+        for e in c["attack"]["examples"][:2]:
+            rows.append(f"<tr><td>{html.escape(c['defense'])}</td><td><code>{html.escape(e['original'])}</code></td>"
+                        f"<td><code>{html.escape(e['recovered'])}</code></td>"
+                        f"<td>{'exact' if e['exact'] else 'not exact'} ({html.escape(str(e['status']))})</td></tr>")
+    return ("<details><summary>recovered vs original (2 per defence)</summary><table><tr><th>defence</th>"
+            "<th>original</th><th>recovered</th><th></th></tr>" + "".join(rows) + "</table></details>")
+
+
+def _geometry(info: dict) -> str:
+    g, m = info["geometry"], info["margins"]
+    mq = m["margin_quantiles"]
+    return (f"<p><b>Geometry.</b> Minimum distance between last-token states of {g['prompts']} sampled prompts "
+            f"({g['pairs']:,} pairs, exact): {_num(g['min_distance'])} ({_num(g['min_relative'])} of the median "
+            f"norm {g['median_norm']:.3g}); structural pairs (identical embedding rows): {g['structural_pairs']}. "
+            f"Per-position margin Δ_t/‖h_t‖ of the attacked prompts: min {_num(mq['0.0'])}, "
+            f"1% {_num(mq['0.01'])}, "
+            f"median {_num(mq['0.5'])}. Noise radius ρ ({html.escape(m['bound'])}): min {_num(m['radius_rel_min'])}, "
+            f"median {_num(m['radius_rel_median'])}. One-time calibration of the attack's policy: "
+            f"{_num(m.get('calibration_seconds'), '.0f')} s (0 when cached).</p>")
+
+
+STYLE = """body{font-family:sans-serif;max-width:1150px;margin:1.5em auto;padding:0 1em;color:#222;line-height:1.4}
+table{border-collapse:collapse;margin:.6em 0;font-size:13px}td,th{border:1px solid #bbb;padding:3px 7px;
+text-align:right}th{background:#eee}td:first-child{text-align:left}code{font-size:12px;white-space:pre-wrap}
+details td{text-align:left;max-width:420px}img{max-width:49%;vertical-align:top}.verdict{background:#f4f6fb;
+padding:.5em .8em;border-left:4px solid #4a6fd1}h2{margin-top:1.6em;border-bottom:1px solid #ccc}"""
+
+
+def write_page(report: dict, out: Path) -> Path:
+    """PNGs and index.html for a report dict (see run.run) in out."""
+    out = Path(out)
+    margins = plot_margins(report, out / "margins.png")
+    cfg = report["config"]
+    sections = []
+    for layer, info in sorted(report["layers"].items(), key=lambda kv: int(kv[0])):
+        cells = [c for c in report["cells"] if c["layer"] == int(layer)]
+        png = plot_tradeoff(report, int(layer), out / f"tradeoff_L{int(layer):03d}.png")
+        methods = sorted({f"{c['family']}: {c['attack']['method']}" for c in cells})
+        sections.append(f"<h2>Layer {layer} of {report['n_layers']}</h2>"
+                        f"<p class=verdict>{html.escape(info['verdict'])}</p>"
+                        f"{_cell_rows(cells)}<p><small>Attacks: {html.escape('; '.join(methods))}.</small></p>"
+                        f"{_geometry(info)}{_img(png, f'privacy vs utility, layer {layer}')}"
+                        f"{_examples(cells)}")
+    verdicts = "".join(f"<li>{html.escape(i['verdict'])}</li>" for _, i in
+                       sorted(report["layers"].items(), key=lambda kv: int(kv[0])))
+    title = f"sipit audit: {html.escape(report['model'])}"
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{title}</title>
+<style>{STYLE}</style></head><body>
+<h1>Does {html.escape(report['model'])} leak the prompt?</h1>
+<p>Surface <b>{html.escape(cfg['surface'])}</b> (the residual stream at each audited layer, every position), attacked
+by SipIt on {report['prompts']} prompts ({html.escape(cfg['prompts'])}, lengths {report['prompt_lengths']}).
+Utility is measured on {report['utility_tokens']} held-out tokens ({html.escape(cfg['utility_text'])}) with the
+defence applied to the residual stream at that layer and the forward pass continued.
+Model fingerprint {report['fingerprint']}; {report['threads']} threads; load {report['load']};
+{report['seconds_this_run']} s this run.</p>
+<h2>Verdicts</h2><ul>{verdicts}</ul>
+<p><b>How to read.</b> <i>Exact recovery</i>: share of prompts recovered token for token. <i>Certified</i>: for
+undefended/quantized states, the share of positions with a certificate (every other token shown farther than ε;
+n/a when the engine does not report it); for noise, the share of prompts whose certified radius exceeds σ; for
+a projection, the share of positions where only the true token is within ε of the projected observation.
+<i>Δ CE</i>: extra next-token cross-entropy when the model continues from the defended residual stream
+(0 = free); <i>top-1 agreement</i>: share of next-token predictions unchanged. A defence works when it drives
+exact recovery to 0 at a small Δ CE. The radius ρ is the relative noise every audited prompt provably survives
+(Theorem 3.2): no noise defence below ρ can work.</p>
+{''.join(sections)}
+<h2>Margins</h2>{_img(margins, 'margins per layer')}
+</body></html>
+"""
+    return atomic_write(out / "index.html", page)

@@ -1,0 +1,211 @@
+"""`sipit audit`: does this leak the prompt, and what would stop it?
+
+    cfg = AuditConfig(model="tiny-llama", layers="1,4", defenses="none,noise:0.01,0.1,quant:int8")
+    report = run(lm, cfg, "out/audit")          # -> report.json, index.html, *.png in out/audit
+    report["layers"]["4"]["verdict"]
+
+For every (surface, layer, defence) a *cell* holds the attack, the utility cost and the defence;
+every layer holds its geometry (collisions, margins, certified noise radius) and a one-sentence
+verdict. Cells are written atomically under DIR/cells/ as they finish: a rerun with the same
+options skips them (a different config in DIR is refused, see collisions.common.open_run_dir).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..collisions.common import cached_json, open_run_dir, parse_layers
+from ..corpora import sample
+from ..invert.robust import RobustConfig
+from ..io import SipitError, write_json
+from ..models import LM, LayerTap
+from . import measure
+from .defenses import Defense, parse_defenses
+
+DEFAULT_DEFENSES = "none,noise:0.001,0.01,0.03,0.1,0.3,1,3,10,quant:int8,fp8,int4"
+
+
+# surface name -> tap factory (lm, layer) -> a tap whose .states / .prefill / .extend give what leaks.
+# Only `states` today; sipit.models.surfaces (issue 16) plugs kv / logits / projection:k in here
+# (and `invert` must then compare observations of that surface: see measure.attack_invert).
+SURFACES = {"states": LayerTap}
+PLANNED_SURFACES = ("kv", "logits", "projection")
+
+
+@dataclass
+class AuditConfig:
+    model: str = "smollm2"
+    layers: str = "default"  # 'default' (1, L/2, L), 'all' or '1,8,15'
+    surface: str = "states"
+    defenses: str = DEFAULT_DEFENSES
+    prompts: str = "prose:8,code:2"  # corpus spec NAME:N,... or a .txt file (one prompt per line)
+    length: int = 20  # tokens per corpus prompt
+    policy: str = "learned"  # SipIt's candidate ordering (invert/policies.py)
+    candidates: int | None = 16  # noise attack: policy top-k + k random per position; None = every token
+    exhaustive_below: int = 4096  # ... but every token (a certified radius) when the vocabulary is this small
+    max_candidates: int | None = 1024  # SipIt attacks: per position, then the prompt counts as not recovered
+    #   (a coarse format's ε admits a wrong token, after which no token fits: a search of the whole
+    #   vocabulary at every later position; None = no cap)
+    trials: int = 4  # noisy copies per prompt and sigma
+    geometry_prompts: int = 200  # sampled prompts for the collision test
+    utility_text: str = "tech:8"  # held-out corpus for the utility cost
+    utility_length: int = 64
+    seed: int = 0
+
+
+def resolve(lm: LM, cfg: AuditConfig) -> tuple[list[int], list[Defense]]:
+    """Validate the options against the model: layers, surface, defences. Raises SipitError."""
+    surface = cfg.surface.split(":")[0]
+    if surface not in SURFACES:
+        if surface in PLANNED_SURFACES:
+            raise SipitError(f"surface {cfg.surface!r} is not supported by `sipit audit` yet: it needs the "
+                             f"observation surfaces of issue 16 (sipit.models.surfaces); use --surface states")
+        raise SipitError(f"unknown surface {cfg.surface!r}: use states (kv, logits, projection:k planned)")
+    for name, value, low in (("trials", cfg.trials, 1), ("candidates", cfg.candidates or 1, 1),
+                             ("max-candidates", cfg.max_candidates or 1, 1),
+                             ("geometry-prompts", cfg.geometry_prompts, 4), ("length", cfg.length, 1),
+                             ("utility-length", cfg.utility_length, 2)):
+        if value < low:
+            raise SipitError(f"--{name} must be at least {low}, got {value}")
+    from ..invert.policies import POLICIES
+
+    if cfg.policy not in POLICIES:
+        raise SipitError(f"unknown policy {cfg.policy!r}: use one of {', '.join(POLICIES)}")
+    L = lm.n_layers
+    layers = sorted({1, L // 2, L}) if cfg.layers == "default" else parse_layers(cfg.layers, L)
+    defenses = parse_defenses(cfg.defenses, lm.d_model)
+    if any(d.family == "project" for d in defenses) and lm.vocab_size > cfg.exhaustive_below:
+        raise SipitError(f"defence project:k is attacked here by trying every token at every position, too slow "
+                         f"for a vocabulary of {lm.vocab_size:,} (limit {cfg.exhaustive_below:,}); on large "
+                         "models it needs the projection surface of issue 16 (sipit.models.surfaces)")
+    return layers, defenses
+
+
+def load_prompts(lm: LM, cfg: AuditConfig) -> list[list[int]]:
+    """The attacked prompts: a .txt file (one per line, encoded) or a corpus spec."""
+    path = Path(cfg.prompts)
+    if path.suffix == ".txt" or path.is_file():
+        if not path.is_file():
+            raise SipitError(f"prompt file not found: {path}")
+        prompts = [lm.encode(line) for line in path.read_text().splitlines() if line.strip()]
+        if not prompts:
+            raise SipitError(f"{path} has no non-empty lines")
+        return prompts
+    return [p.ids for p in sample(cfg.prompts, lm.tokenizer, cfg.length, seed=cfg.seed)]
+
+
+def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True) -> dict:
+    """Every cell of the audit (resuming those already in out_dir), then report.json, PNGs and index.html."""
+    from tqdm.auto import tqdm
+
+    from .html import write_page
+
+    out = Path(out_dir)
+    layers, defenses = resolve(lm, cfg)
+    prompts = load_prompts(lm, cfg)
+    t0 = time.perf_counter()
+    # the weights' fingerprint is part of the config: cells of other weights are never reused
+    open_run_dir(out, "audit", dict(asdict(cfg), fingerprint=lm.fingerprint), dict(model=lm.name, n_layers=lm.n_layers))
+    geo_prompts = [p.ids for p in sample(f"prose:{cfg.geometry_prompts // 2},random:{cfg.geometry_prompts // 2}",
+                                         lm.tokenizer, cfg.length, seed=cfg.seed + 1)]
+    held = torch.tensor([p.ids for p in sample(cfg.utility_text, lm.tokenizer, cfg.utility_length,
+                                               seed=cfg.seed + 2)], device=lm.device)
+    clean = measure.next_token(lm, held)
+    sigmas = [d.param for d in defenses if d.family == "noise"]
+    V = lm.vocab_size
+    rcfg = RobustConfig(trials=cfg.trials, policy=cfg.policy, seed=cfg.seed,
+                        candidates=None if V <= cfg.exhaustive_below else cfg.candidates)
+    geo_states = None
+    cells, per_layer = [], {}
+    bar = tqdm(total=len(layers) * (len(defenses) + 2), desc=f"audit {lm.name}", unit="cell", disable=not progress)
+    for layer in layers:
+        d = out / "cells" / cfg.surface / f"L{layer:03d}"
+        tap = SURFACES[cfg.surface](lm, layer)
+
+        def geometry():
+            nonlocal geo_states
+            if geo_states is None:  # one forward pass over the sampled prompts serves every layer
+                geo_states = measure.last_token_states(lm, geo_prompts, layers)
+            return measure.collisions(lm, geo_prompts, layer, geo_states[layer])
+
+        geo = cached_json(d / "geometry.json", geometry)
+        bar.update()
+        rob = cached_json(d / "robustness.json",
+                          lambda: _robust_dict(*measure.robustness(lm, layer, prompts, sigmas, rcfg, progress)))
+        bar.update()
+        for defense in defenses:
+            bar.set_postfix_str(f"L{layer} {defense.name}")
+
+            def cell():
+                if defense.family == "noise":
+                    attack = measure.attack_noise(lm, _robust_result(rob), defense.param)
+                elif defense.family == "project":
+                    attack = measure.attack_projection(lm, tap, defense, prompts, cfg.seed)
+                else:
+                    attack = measure.attack_invert(lm, tap, defense, prompts, cfg.policy, cfg.seed,
+                                                   cfg.max_candidates)
+                return dict(surface=cfg.surface, layer=layer, defense=defense.name, family=defense.family,
+                            strength=defense.strength, attack=attack,
+                            utility=measure.utility(lm, layer, defense, held, clean, cfg.seed))
+            cells.append(cached_json(d / f"{defense.name.replace(':', '_')}.json", cell))
+            bar.update()
+        layer_cells = [c for c in cells if c["layer"] == layer]
+        per_layer[str(layer)] = dict(geometry=geo, margins=rob["margins"],
+                                     verdict=verdict(layer, layer_cells, rob["margins"]))
+    bar.close()
+    report = dict(kind="audit", model=lm.name, fingerprint=lm.fingerprint, n_layers=lm.n_layers, d_model=lm.d_model,
+                  vocab_size=V, config=asdict(cfg), layers_audited=layers, defenses=[x.name for x in defenses],
+                  prompts=len(prompts), prompt_lengths=sorted({len(p) for p in prompts}),
+                  utility_tokens=int(held.numel()), layers=per_layer, cells=cells,
+                  seconds_this_run=round(time.perf_counter() - t0, 2), threads=torch.get_num_threads(),
+                  load=[round(x, 2) for x in os.getloadavg()])
+    write_json(out / "report.json", report)
+    write_page(report, out)
+    return report
+
+
+def _robust_dict(res, calibration_seconds: float) -> dict:
+    """A robustness run as JSON: the summary, per-prompt numbers and the layer's margins."""
+    return dict(res.to_dict(), margins=measure.margins(res, calibration_seconds))
+
+
+def _robust_result(d: dict):
+    """The JSON of _robust_dict back as a RobustnessResult (what attack_noise reads)."""
+    from ..invert.robust import PromptRobustness, RobustnessResult
+
+    s = d["summary"]
+    cfg = RobustConfig(**{**d["config"], "sigmas": tuple(d["config"]["sigmas"])})
+    return RobustnessResult(model=s["model"], layer=s["layer"], final_norm=s["final_norm"], config=cfg,
+                            exhaustive=s["exhaustive"], prompts=[PromptRobustness(**p) for p in d["prompts"]],
+                            seconds=s["seconds"])
+
+
+def verdict(layer: int, cells: list[dict], margins: dict) -> str:
+    """One sentence: how much leaks undefended, the weakest defence of each family that stops exact
+    recovery (and what it costs), and the certified radius below which no noise can work."""
+    base = next((c for c in cells if c["family"] == "none"), None)
+    parts = [f"Layer {layer}: "]
+    if base is not None:
+        parts.append(f"undefended, SipIt recovers {base['attack']['exact_rate']:.0%} of prompts exactly")
+    for family, label in (("noise", "noise"), ("quant", "quantization"), ("project", "projection")):
+        fam = sorted((c for c in cells if c["family"] == family), key=lambda c: c["strength"])
+        if not fam:
+            continue
+        stop = next((c for c in fam if c["attack"]["exact_rate"] == 0), None)
+        if stop is None:
+            parts.append(f"; no {label} tried stops it ({', '.join(c['defense'] for c in fam)})")
+        else:
+            u = stop["utility"]
+            parts.append(f"; {label} stops exact recovery by these attacks from {stop['defense']} (tokens still "
+                         f"recovered: {stop['attack']['token_accuracy']:.0%}) at a cost of {u['delta_ce']:+.3g} "
+                         f"nats/token (top-1 agreement {u['top1_agreement']:.0%})")
+    kind = "certified" if margins["exhaustive"] else "estimated (upper bound, candidate subset)"
+    parts.append(f". Noise radius ({kind}): rho = {margins['radius_rel_min']:.3g}; "
+                 + ("relative noise below it provably cannot stop recovery of these prompts."
+                    if margins["exhaustive"] else "noise below it is not expected to stop recovery."))
+    return "".join(parts)
+

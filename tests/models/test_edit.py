@@ -1,0 +1,18 @@
+import torch
+
+from sipit.models import LayerTap
+from sipit.models.edit import edit_layer
+
+
+def test_edit_layer_replaces_the_state_and_is_removed(tiny_lm):
+    ids = torch.tensor([[5, 17, 99, 3, 200]])
+    clean = tiny_lm.logits(ids)
+    for layer in (0, 2, tiny_lm.n_layers):
+        with edit_layer(tiny_lm, layer, lambda h: h):  # identity edit: nothing changes
+            assert torch.allclose(tiny_lm.logits(ids), clean, atol=1e-5)
+        seen = []
+        with edit_layer(tiny_lm, layer, lambda h: seen.append(h.clone()) or h * 0):
+            edited = tiny_lm.logits(ids)
+        assert torch.allclose(seen[0], LayerTap(tiny_lm, layer).states(ids), atol=1e-5)  # the tap's layer
+        assert not torch.allclose(edited, clean, atol=1e-3)
+        assert torch.equal(tiny_lm.logits(ids), clean)  # hook gone
