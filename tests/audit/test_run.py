@@ -8,9 +8,9 @@ from sipit.audit.defenses import Defense, quant_error_bound, quantize_rows
 from sipit.audit.run import AuditConfig, load_prompts, run
 from sipit.cli import main
 from sipit.invert import InvertConfig, invert
+from sipit.invert.eps import tolerance_for
 from sipit.invert.robust import RobustConfig
 from sipit.invert.robust import run as robust_run
-from sipit.invert.verify import tolerance
 from sipit.io import SipitError
 from sipit.models import LayerTap, load_model
 
@@ -38,7 +38,7 @@ def test_report_agrees_with_separate_invert_and_robustness_runs(audited):
     assert cells["none"]["attack"]["token_accuracy"] == s["token_accuracy"]
 
     stored = [quantize_rows(h, "int4") for h in states]
-    eps = max(float(quant_error_bound(h, "int4").max()) for h in stored) * 1.01 + tolerance(torch.float32)
+    eps = max(float(quant_error_bound(h, "int4").max()) for h in stored) * 1.01 + tolerance_for(LayerTap(lm, 2), {torch.float32}).eps
     s = invert(lm, stored, 2, InvertConfig(policy="learned", eps=eps), progress=False, true_ids=prompts).summary()
     assert cells["quant:int4"]["attack"]["eps"] == pytest.approx(eps)
     assert cells["quant:int4"]["attack"]["exact_rate"] == s["exact_match_rate"]
@@ -95,7 +95,7 @@ def test_page_is_self_contained_and_rerun_skips_done_cells(audited, monkeypatch)
 
 @pytest.mark.parametrize("args, message", [
     (["--defenses", "none,blur:2"], "unknown defence 'blur:2'"),
-    (["--layers", "9"], "unknown layer 9"),
+    (["--layers", "9"], "layer 9 out of range"),
     (["--surface", "kv"], "not supported by `sipit audit` yet"),
     (["--surface", "attention"], "unknown surface"),
     (["--defenses", "project:65"], "exceeds the model's d_model=64"),

@@ -21,7 +21,7 @@ from torch import Tensor
 from ..collisions.common import analyse_layer, embedding_classes, group_ids
 from ..invert import InvertConfig, invert
 from ..invert.robust import RobustConfig, Robustness, RobustnessResult
-from ..invert.verify import tolerance
+from ..invert.eps import tolerance_for
 from ..models import LM, LayerTap, run_layers
 from ..models.edit import edit_layer
 from .defenses import Defense, projection, quant_error_bound
@@ -41,7 +41,7 @@ def attack_invert(lm: LM, tap: LayerTap, defense: Defense, prompts: list[list[in
     eps, how = None, "SipIt, eps from the states' dtype"
     if defense.family == "quant":  # the attacker accepts anything within the format's own error
         bound = max(float(quant_error_bound(o, defense.param).max()) for o in observed)
-        eps = bound * 1.01 + tolerance(torch.float32)
+        eps = bound * 1.01 + tolerance_for(tap, {torch.float32}).eps
         how = (f"SipIt, eps = worst-case {defense.param} storage error (+1%) = {eps:.3g} (greedy: a wrong token "
                "within eps ends the attempt; a joint or backtracking attacker may recover more)")
     if max_candidates is not None and max_candidates < lm.vocab_size:
@@ -112,7 +112,7 @@ def attack_projection(lm: LM, tap: LayerTap, defense: Defense, prompts: list[lis
     position the token whose projected state on the recovered prefix is nearest the observed h_t Pᵀ.
     A position is certified when the true token is within ε of the observation and every other
     token (outside its duplicate class) farther than ε, relatively (the SipIt rule on this surface)."""
-    canon, eps = embedding_classes(lm).to(lm.device), tolerance(torch.float32)
+    canon, eps = embedding_classes(lm).to(lm.device), tolerance_for(tap, {torch.float32}).eps
     P = projection(lm.d_model, defense.param, seed, lm.device).double()  # [k, d]
     vocab = torch.arange(lm.vocab_size, device=lm.device)
     rows, t0 = [], time.perf_counter()

@@ -76,7 +76,7 @@ def resolve(lm: LM, cfg: AuditConfig) -> tuple[list[int], list[Defense]]:
     if cfg.policy not in POLICIES:
         raise SipitError(f"unknown policy {cfg.policy!r}: use one of {', '.join(POLICIES)}")
     L = lm.n_layers
-    layers = sorted({1, L // 2, L}) if cfg.layers == "default" else parse_layers(cfg.layers, L)
+    layers = sorted({1, L // 2, L}) if cfg.layers == "default" else parse_layers(cfg.layers, lm)
     defenses = parse_defenses(cfg.defenses, lm.d_model)
     if any(d.family == "project" for d in defenses) and lm.vocab_size > cfg.exhaustive_below:
         raise SipitError(f"defence project:k is attacked here by trying every token at every position, too slow "

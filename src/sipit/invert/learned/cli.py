@@ -28,7 +28,7 @@ def cmd_calibrate(args) -> int:
         raise SipitError(f"--tokens {args.tokens}: need at least 256 calibration tokens")
     config = LearnedConfig() if args.tokens is None else replace(LearnedConfig(), calibration_tokens=args.tokens)
     lm = load_model(args.model, precision=args.precision, device=args.device)
-    layers = parse_layers(args.layers, lm.n_layers)
+    layers = parse_layers(args.layers, lm)
     t0 = time.perf_counter()
     seconds = calibrate_cached_layers(lm, layers, config, final_norm=args.final_norm)
     print(json.dumps(dict(model=lm.name, fingerprint=lm.fingerprint, layers=layers, final_norm=args.final_norm,
