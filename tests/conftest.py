@@ -14,3 +14,12 @@ def tiny_lm(request):
 @pytest.fixture(scope="session")
 def smollm2():
     return load_model("smollm2")
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU-only tests (@pytest.mark.cuda) are skipped where torch sees no CUDA device."""
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(skip)
