@@ -17,9 +17,14 @@ def smollm2():
 
 
 def pytest_collection_modifyitems(config, items):
-    """GPU-only tests (@pytest.mark.cuda) are skipped where torch sees no CUDA device."""
+    """GPU-only tests (@pytest.mark.cuda) are skipped where torch sees no CUDA device; Qwen tests
+    (@pytest.mark.qwen, minutes each) run only when asked for: `pytest -m qwen` (`make test-qwen`)."""
+    skips = {}
     if not torch.cuda.is_available():
-        skip = pytest.mark.skip(reason="needs a CUDA device")
-        for item in items:
-            if "cuda" in item.keywords:
+        skips["cuda"] = pytest.mark.skip(reason="needs a CUDA device")
+    if "qwen" not in (config.getoption("markexpr") or ""):
+        skips["qwen"] = pytest.mark.skip(reason="slow: run with -m qwen (make test-qwen)")
+    for item in items:
+        for marker, skip in skips.items():
+            if marker in item.keywords:
                 item.add_marker(skip)

@@ -69,14 +69,19 @@ def test_exact_matmul_turns_tf32_off(monkeypatch):
         torch.backends.cuda.matmul.allow_tf32 = False
 
 
-def test_tap_makes_tensors_on_the_model_device():
-    """With --device cpu every tensor the tap creates lives on lm.device."""
-    lm = load_model("tiny-llama", device="cpu")
-    assert lm.device == torch.device("cpu") and lm.embedding_rows().device == lm.device
+@pytest.mark.parametrize("spec", ["tiny-gpt2", "tiny-llama"])
+def test_tap_makes_tensors_on_the_model_device(spec):
+    """Every tensor the tap creates goes to lm.device. Checked on the meta device, which CPU-only CI
+    has: a stray CPU tensor (ids, positions, cache) meeting meta weights raises."""
+    lm = load_model(spec)
+    lm.model.to("meta")
     tap = LayerTap(lm, 2)
-    prefix = tap.prefill([1, 2, 3])
-    assert prefix.ids.device == lm.device
-    assert tap.extend(prefix, [4, 5]).device == lm.device
+    prefix = tap.prefill([1, 2, 3])  # ids given as a list, on the CPU
+    assert prefix.ids.device.type == "meta" and lm.embedding_rows().device.type == "meta"
+    assert tap.extend(prefix, [4, 5]).device.type == "meta"
+    states, grown = tap.extend(prefix, torch.tensor([[4, 5], [6, 7]]), keep=True)
+    assert states.device.type == "meta" and grown(1, 1).ids.device.type == "meta"
+    assert tap.extend_layers(prefix, [4], [1, 2])[1].device.type == "meta"
 
 
 @pytest.mark.cuda

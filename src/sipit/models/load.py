@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .archs import ARCHS, random_model, truncate_config
+from .archs import ARCHS, arch_config, random_model, truncate_config
 from .device import exact_matmul, resolve_device
 from .lm import LM, ModelError
 from .precision import FLOATS, PRECISIONS, apply_precision
@@ -54,10 +54,12 @@ def embedded_status() -> dict[str, dict]:
     """Embedded, random-architecture and tiny models with a description and whether they load here."""
     out = {n: dict(description=e["description"], installed=_embedded_installed(n), install=e["install"])
            for n, e in EMBEDDED.items()}
-    for arch, values in ARCHS.items():
-        out[f"random:{arch}"] = dict(description=f"{values['model_type']} architecture at random init "
-                                     "(published config, seed 0 or :seed=N), no tokenizer",
-                                     installed=True, install="built in")
+    for arch in ARCHS:
+        c = arch_config(arch).get_text_config()
+        out[f"random:{arch}"] = dict(
+            description=f"{arch} architecture at random init ({c.num_hidden_layers} layers, d={c.hidden_size}, "
+                        f"V={c.vocab_size:,}; seed 0 or :seed=N), no tokenizer: ids in, ids out",
+            installed=True, install="built in")
     out.update({n: dict(description=d, installed=True, install="built in") for n, d in TINY.items()})
     return out
 
