@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from sipit.io import SipitError
-from sipit.models import LM, PRECISIONS, apply_precision, resolve_device, run_layers, tiny_model
+from sipit.models import LM, PRECISIONS, apply_precision, exact_matmul, resolve_device, run_layers, tiny_model
 
 ARCHS = {"gpt2": "LayerNorm, learned absolute positions, MLP", "llama": "RMSNorm, rotary positions, gated MLP"}
 ACTIVATIONS = ("gelu", "tanh", "relu")
@@ -84,7 +84,9 @@ def build(cfg: LabModel) -> LM:
                     kv_heads=cfg.heads, positions=cfg.positions, activation=cfg.activation, tied=cfg.tied, seed=cfg.seed,
                     name=f"lab-{cfg.arch}")
     perturb(lm, cfg.noise, seed=cfg.seed + 1)
-    lm.model.to(resolve_device(cfg.device))
+    device = resolve_device(cfg.device)
+    lm.model.to(device)
+    exact_matmul(device)  # the lab compares states at 1e-6 of their norm: no TF32
     return lm if cfg.precision == "fp32" else apply_precision(lm, cfg.precision)
 
 
