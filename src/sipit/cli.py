@@ -22,7 +22,7 @@ def cmd_models(args):
 
     for name, s in embedded_status().items():
         state = "installed" if s["installed"] else f"not installed ({s['install']})"
-        print(f"{name:14s} {state:40s} {s['description']}")
+        print(f"{name:24s} {state:40s} {s['description']}")
 
 
 def cmd_corpora(args):

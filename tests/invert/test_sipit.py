@@ -11,7 +11,7 @@ from sipit.invert.baselines import HardPromptsConfig
 from sipit.invert.policies import Exhaustive
 from sipit.invert.verify import DuplicateClasses
 from sipit.models import LayerTap, load_model
-from sipit.models.load import _tiny
+from sipit.models import tiny_model
 
 torch.set_num_threads(1)
 
@@ -102,7 +102,7 @@ def test_float16_states_and_batch_list(lm):
 
 
 def test_duplicate_embedding_rows_are_reported_as_a_class():
-    lm = _tiny("tiny-llama")
+    lm = tiny_model("llama")
     a, b = lm.encode("a")[0], lm.encode("b")[0]
     with torch.no_grad():
         lm.embed.weight[b] = lm.embed.weight[a]  # plant an exact duplicate row

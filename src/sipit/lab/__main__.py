@@ -1,4 +1,4 @@
-"""`python -m sipit.lab exhaustive ...`: the lab commands without the main CLI (= `sipit lab ...`).
+"""`python -m sipit.lab enumerate ...`: the lab commands without the main CLI (= `sipit lab ...`).
 Threads: $SIPIT_THREADS (default 2)."""
 import argparse
 import os

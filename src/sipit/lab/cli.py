@@ -1,4 +1,4 @@
-"""`sipit lab exhaustive|train|counterexamples|guarantee`: parse, run, print a summary.
+"""`sipit lab enumerate|train|counterexamples|guarantee`: parse, run, print a summary.
 
 The main CLI calls `add_lab_parser(subparsers)`; each subcommand sets `fn` to its handler."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 from dataclasses import fields, replace
 
 from .counterexamples import CounterexampleConfig, catalogue, run_counterexamples
-from .exhaustive import ExhaustiveConfig, run_exhaustive
+from .enumerate import EnumerationConfig, run_enumeration
 from .guarantee import GuaranteeConfig, run_guarantee
 from .models import ACTIVATIONS, ARCHS, LabModel
 from .report import ids
@@ -62,10 +62,10 @@ def _print_layers(layers):
             print(f"    collision {ids(a)} ≡ {ids(b)} (distance {d:.1e})")
 
 
-def cmd_exhaustive(args):
-    cfg = ExhaustiveConfig(model=_model(args, LabModel()), layers=args.layers, tol=args.tol, max_prompts=args.max_prompts)
-    print(f"lab exhaustive: {cfg.model.describe()}")
-    r = run_exhaustive(cfg, args.out)
+def cmd_enumerate(args):
+    cfg = EnumerationConfig(model=_model(args, LabModel()), layers=args.layers, tol=args.tol, max_prompts=args.max_prompts)
+    print(f"lab enumerate: {cfg.model.describe()}")
+    r = run_enumeration(cfg, args.out)
     print(f"{r.n_prompts:,} prompts (length 1..{cfg.model.context}), {r.n_pairs:,} pairs per layer")
     _print_layers(r.layers)
     print(f"{'no collision' if r.collisions == 0 else f'{r.collisions:,} colliding pairs'}; "
@@ -113,14 +113,14 @@ def cmd_guarantee(args):
 
 
 def add_lab_parser(subparsers) -> argparse.ArgumentParser:
-    """Register `lab exhaustive|train|counterexamples|guarantee` on an argparse subparsers object."""
+    """Register `lab enumerate (alias exhaustive)|train|counterexamples|guarantee` on an argparse subparsers object."""
     lab = subparsers.add_parser("lab", help="theory lab: check the paper's theorems over every prompt of a tiny model")
     sub = lab.add_subparsers(dest="lab_command", required=True)
 
-    s = sub.add_parser("exhaustive", help="all prompts of length 1..K: exact minimum pairwise distance per layer (Thm 2.2)")
+    s = sub.add_parser("enumerate", aliases=["exhaustive"], help="all prompts of length 1..K: exact minimum pairwise distance per layer (Thm 2.2)")
     _model_args(s, LabModel())
-    _common(s, "runs/lab-exhaustive")
-    s.set_defaults(fn=cmd_exhaustive)
+    _common(s, "runs/lab-enumerate")
+    s.set_defaults(fn=cmd_enumerate)
 
     s = sub.add_parser("train", help="train on next-token prediction and track the exhaustive minimum distance (Thm 2.3)")
     _model_args(s, LabModel())

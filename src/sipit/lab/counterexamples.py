@@ -10,10 +10,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from sipit.models.load import LM
-from sipit.models.parts import attention_weights, position_table
+from sipit.models import LM, attention_weights, position_table, temporary_edit
 
-from .exhaustive import LayerResult, default_layers, layer_collisions
+from .enumerate import LayerResult, default_layers, layer_collisions
 from .models import LabError, LabModel, PromptSet, build, check_size, last_token_states, perturb
 
 
@@ -120,7 +119,7 @@ class CounterexampleConfig:
 
 
 @dataclass
-class CounterexampleResult:
+class CounterexampleOutcome:
     name: str
     breaks: str
     theorem: str
@@ -149,7 +148,7 @@ class CounterexampleResult:
 class CounterexamplesResult:
     config: dict
     n_prompts: int
-    items: list[CounterexampleResult]
+    items: list[CounterexampleOutcome]
     seconds: float
 
     def to_dict(self) -> dict:
@@ -159,7 +158,7 @@ class CounterexamplesResult:
         return d
 
 
-def run_one(c: Counterexample, cfg: CounterexampleConfig, prompts: PromptSet) -> CounterexampleResult:
+def run_one(c: Counterexample, cfg: CounterexampleConfig, prompts: PromptSet) -> CounterexampleOutcome:
     model = replace(cfg.model, **c.model)
     layers = default_layers(model, cfg.layers)
 
@@ -171,12 +170,11 @@ def run_one(c: Counterexample, cfg: CounterexampleConfig, prompts: PromptSet) ->
     if c.edit is not None:
         c.edit(lm)
     before = check(lm)
-    original = {k: v.clone() for k, v in lm.model.state_dict().items()}
     after = []
-    for sigma in cfg.sigmas:
-        lm.model.load_state_dict(original)
-        after.append((sigma, check(perturb(lm, sigma, seed=cfg.perturb_seed))))
-    return CounterexampleResult(c.name, c.breaks, c.theorem, c.expect, c.measure_zero, asdict(model), before, after)
+    for sigma in cfg.sigmas:  # each perturbation starts from the counterexample itself
+        with temporary_edit(lm):
+            after.append((sigma, check(perturb(lm, sigma, seed=cfg.perturb_seed))))
+    return CounterexampleOutcome(c.name, c.breaks, c.theorem, c.expect, c.measure_zero, asdict(model), before, after)
 
 
 def run_counterexamples(cfg: CounterexampleConfig, out_dir=None) -> CounterexamplesResult:

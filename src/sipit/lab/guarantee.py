@@ -9,10 +9,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from sipit.models.load import LM
-from sipit.models.tap import run_layers
+from sipit.models import LM, run_layers
 
-from .exhaustive import default_layers
+from .enumerate import default_layers
 from .models import LabError, LabModel, PromptSet, build, check_size, with_bos
 
 
@@ -38,16 +37,17 @@ def exhaustive_sipit(lm: LM, layer: int, states: Tensor, prefix: list[int] = (),
     within eps·‖h_t‖ of the observed h_t. The step count is what the sequential algorithm would do
     (first accepted index + 1, or |V| if none is accepted; then the nearest candidate is kept).
     states: [B, P+T, d] (the P prefix positions are known and skipped)."""
-    states = states[:, len(prefix):]
+    dev = lm.device
+    states = states[:, len(prefix):].to(dev)
     B, T, _ = states.shape
     V = lm.vocab_size  # every embedding row is a candidate (a BOS row too)
-    head = torch.tensor(list(prefix), dtype=torch.long)[None]  # [1, P]
-    ids = torch.zeros(B, 0, dtype=torch.long)
-    steps = torch.zeros(B, dtype=torch.long)
-    accepted = torch.ones(B, dtype=torch.bool)
+    head = torch.tensor(list(prefix), dtype=torch.long, device=dev)[None]  # [1, P]
+    ids = torch.zeros(B, 0, dtype=torch.long, device=dev)
+    steps = torch.zeros(B, dtype=torch.long, device=dev)
+    accepted = torch.ones(B, dtype=torch.bool, device=dev)
     min_wrong = float("inf")
     for t in range(T):
-        cand = torch.cat([head.expand(B * V, -1), ids.repeat_interleave(V, 0), torch.arange(V).repeat(B)[:, None]], 1)
+        cand = torch.cat([head.expand(B * V, -1), ids.repeat_interleave(V, 0), torch.arange(V, device=dev).repeat(B)[:, None]], 1)
         h = torch.cat([run_layers(lm, [layer], ids=cand[s : s + batch])[0][:, -1]
                        for s in range(0, len(cand), batch)]).view(B, V, -1)
         target = states[:, t]

@@ -11,9 +11,7 @@ import torch
 from torch import Tensor
 
 from sipit.io import SipitError
-from sipit.models.load import LM, _tiny
-from sipit.models.precision import PRECISIONS, apply_precision
-from sipit.models.tap import run_layers
+from sipit.models import LM, PRECISIONS, apply_precision, exact_matmul, resolve_device, run_layers, tiny_model
 
 ARCHS = {"gpt2": "LayerNorm, learned absolute positions, MLP", "llama": "RMSNorm, rotary positions, gated MLP"}
 ACTIVATIONS = ("gelu", "tanh", "relu")
@@ -42,6 +40,7 @@ class LabModel:
     noise: float = 0.02
     bos: bool = False  # prepend a fixed BOS token (id = vocab, an extra embedding row) to every prompt
     precision: str = "fp32"  # fp32 | fp64 | bf16 | fp16 (weights and activations) | int8 | int4 | nf4 | fp4 (weights)
+    device: str = "cpu"  # weights are drawn on the CPU (the same model on every device), then moved here
 
     @property
     def bos_id(self) -> int | None:
@@ -81,18 +80,13 @@ class LabModel:
 def build(cfg: LabModel) -> LM:
     """The configured model as an `LM` (random weights from `cfg.seed`, plus `cfg.noise`)."""
     cfg.check()
-    vocab, positions = cfg.vocab + cfg.bos, cfg.positions
-    if cfg.arch == "gpt2":
-        lm = _tiny("tiny-gpt2", cfg.seed, vocab_size=vocab, n_positions=positions, n_embd=cfg.width,
-                   n_layer=cfg.depth, n_head=cfg.heads, activation_function=cfg.activation,
-                   tie_word_embeddings=cfg.tied)
-    else:
-        lm = _tiny("tiny-llama", cfg.seed, vocab_size=vocab, max_position_embeddings=positions,
-                   hidden_size=cfg.width, intermediate_size=2 * cfg.width, num_hidden_layers=cfg.depth,
-                   num_attention_heads=cfg.heads, num_key_value_heads=cfg.heads, hidden_act=cfg.activation,
-                   tie_word_embeddings=cfg.tied)
-    lm.name = f"lab-{cfg.arch}"
+    lm = tiny_model(cfg.arch, vocab=cfg.vocab + cfg.bos, width=cfg.width, depth=cfg.depth, heads=cfg.heads,
+                    kv_heads=cfg.heads, positions=cfg.positions, activation=cfg.activation, tied=cfg.tied, seed=cfg.seed,
+                    name=f"lab-{cfg.arch}")
     perturb(lm, cfg.noise, seed=cfg.seed + 1)
+    device = resolve_device(cfg.device)
+    lm.model.to(device)
+    exact_matmul(device)  # the lab compares states at 1e-6 of their norm: no TF32
     return lm if cfg.precision == "fp32" else apply_precision(lm, cfg.precision)
 
 
@@ -101,7 +95,7 @@ def perturb(lm: LM, sigma: float, seed: int = 0) -> LM:
     """Add N(0, sigma²) to every parameter of lm, in place (tied weights once)."""
     g = torch.Generator().manual_seed(seed)
     for p in lm.model.parameters():
-        p.add_(sigma * torch.randn(p.shape, generator=g, dtype=p.dtype))
+        p.add_(sigma * torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device))  # same draw on any device
     return lm
 
 
@@ -162,7 +156,7 @@ def last_token_states(lm: LM, prompts: PromptSet, layers: list[int], *, bos: int
     for k in range(1, prompts.max_len + 1):
         ids = with_bos(prompts.of_length(k), bos)
         for s in range(0, len(ids), batch):
-            states = run_layers(lm, layers, ids=ids[s : s + batch])  # len(layers) x [B, k, d]
+            states = run_layers(lm, layers, ids=ids[s : s + batch].to(lm.device))  # len(layers) x [B, k, d]
             out.append(torch.stack([h[:, -1] for h in states]))
     return torch.cat(out, 1)
 

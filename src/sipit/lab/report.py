@@ -68,7 +68,7 @@ def _layer_table(layers) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 
 
-def write_exhaustive(result, cfg, out_dir):
+def write_enumeration(result, cfg, out_dir):
     plt = _plt()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
     ls = [r.layer for r in result.layers]

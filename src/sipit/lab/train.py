@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .exhaustive import default_layers, layer_collisions
+from .enumerate import default_layers, layer_collisions
 from .models import LabError, LabModel, PromptSet, build, check_size, last_token_states, with_bos
 
 OPTIMIZERS = {"gd": "full-batch gradient descent", "sgd": "minibatch SGD", "adam": "minibatch Adam"}
@@ -80,7 +80,7 @@ class TrainResult:
 
 def next_token_loss(lm, ids: Tensor, bos: int | None) -> Tensor:
     """Mean cross-entropy of predicting ids[:, t] from ids[:, :t] (t >= 1; t = 0 too with a BOS)."""
-    x = with_bos(ids, bos)
+    x = with_bos(ids.to(lm.device), bos)
     logits = lm.logits(x[:, :-1])  # [B, T', V(+1)]
     return F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
 

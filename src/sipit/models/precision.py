@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .load import LM, ModelError
+from .lm import LM, ModelError
 
 GROUP = 64
 FLOATS = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -57,7 +57,8 @@ def apply_precision(lm: LM, precision: str, group: int = GROUP) -> LM:
     if precision not in PRECISIONS:
         raise ModelError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
     if precision in FLOATS:
-        lm.model.to(FLOATS[precision])
+        if lm.dtype != FLOATS[precision]:  # models loaded in their dtype need no second cast
+            lm.model.to(FLOATS[precision])
     else:
         book = CODEBOOKS[precision]
         with torch.no_grad():
@@ -66,4 +67,5 @@ def apply_precision(lm: LM, precision: str, group: int = GROUP) -> LM:
                 if isinstance(w, nn.Parameter) and w.dim() == 2:
                     w.copy_(quantize(w, book, group))
     lm.precision = precision
+    lm.forget_fingerprint()
     return lm

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .load import LM
+from .lm import LM
 
 
 class _Stop(Exception):
@@ -161,7 +161,7 @@ class LayerTap:
         """Full forward of ids [B, T] (or [T]) up to the layer. -> [B, T, d] (or [T, d])."""
         if ids.dim() == 1:
             return self.states(ids[None])[0]
-        return self._run(ids=ids)
+        return self._run(ids=ids.to(self.lm.device))
 
     def states_from_embeds(self, embeds: Tensor) -> Tensor:
         """Differentiable: input embeddings [B, T, d] (as `lm.embed` outputs them) -> [B, T, d]."""
@@ -170,7 +170,7 @@ class LayerTap:
     @torch.no_grad()
     def prefill(self, ids: Tensor, return_states: bool = False):
         """Cache the prefix ids [T]. Returns a Prefix (and its states [T, d] if asked)."""
-        ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.lm.device).reshape(-1)
         if len(ids) == 0 or self.layer == 0:
             states = self.states(ids) if return_states and len(ids) else ids.new_zeros(0, self.lm.d_model, dtype=self.lm.dtype)
             prefix = Prefix(ids, None)
@@ -183,7 +183,7 @@ class LayerTap:
         return (prefix, states) if return_states else prefix
 
     def _extend(self, prefix: Prefix, k: int, batch: int, keep: bool = False, **inputs):
-        positions = torch.arange(prefix.length, prefix.length + k).expand(batch, k)
+        positions = torch.arange(prefix.length, prefix.length + k, device=self.lm.device).expand(batch, k)
         cache = _expand(prefix.cache, batch) if prefix.cache is not None else None
         if cache is None and keep and self.layer > 0:
             from transformers import DynamicCache
@@ -199,7 +199,7 @@ class LayerTap:
         keep=True also returns `grown(b, n) -> Prefix`: the prefix followed by the first n tokens of
         row b, made from this call's cache (no recomputation; ids must be [B, k]).
         """
-        ids = torch.as_tensor(ids, dtype=torch.long)
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.lm.device)
         if ids.dim() == 1 and not keep:
             return self.extend(prefix, ids[:, None])[:, 0]
         if not keep:
@@ -218,8 +218,8 @@ class LayerTap:
         layers = [self.lm.layer_index(layer) for layer in layers]
         if max(layers) > self.layer:
             raise ValueError(f"layers {layers} above the tap's layer {self.layer}: its prefix cache stops there")
-        ids = torch.as_tensor(ids, dtype=torch.long)[:, None]
-        positions = torch.arange(prefix.length, prefix.length + 1).expand(len(ids), 1)
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.lm.device)[:, None]
+        positions = torch.arange(prefix.length, prefix.length + 1, device=self.lm.device).expand(len(ids), 1)
         cache = _expand(prefix.cache, len(ids)) if prefix.cache is not None else None
         states = run_layers(self.lm, layers, ids=ids, cache=cache, position_ids=positions, final_norm=self.final_norm)
         return [h[:, 0] for h in states]

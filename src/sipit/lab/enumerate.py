@@ -1,4 +1,4 @@
-"""Exhaustive collision check (Theorem 2.2 on a tiny model): every prompt of length 1..K, its
+"""Enumerate every prompt (Theorem 2.2 on a tiny model): every prompt of length 1..K, its
 last-token state at each layer, and the exact global minimum distance over all pairs."""
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def layer_collisions(states: Tensor, prompts: PromptSet, layers: list[int], *, t
 
 
 @dataclass
-class ExhaustiveConfig:
+class EnumerationConfig:
     model: LabModel = field(default_factory=LabModel)
     layers: list[int] | None = None  # default: every block output 1..L (0 = embeddings)
     tol: float = 1e-6  # relative collision threshold (see layer_collisions)
@@ -67,7 +67,7 @@ class ExhaustiveConfig:
 
 
 @dataclass
-class ExhaustiveResult:
+class EnumerationResult:
     config: dict
     n_prompts: int
     n_pairs: int
@@ -91,7 +91,7 @@ def default_layers(cfg: LabModel, layers: list[int] | None) -> list[int]:
     return layers
 
 
-def run_exhaustive(cfg: ExhaustiveConfig, out_dir=None) -> ExhaustiveResult:
+def run_enumeration(cfg: EnumerationConfig, out_dir=None) -> EnumerationResult:
     """Enumerate all prompts, find the closest pair at every layer; write results to out_dir."""
     t0 = time.perf_counter()
     layers = default_layers(cfg.model, cfg.layers)
@@ -102,10 +102,10 @@ def run_exhaustive(cfg: ExhaustiveConfig, out_dir=None) -> ExhaustiveResult:
     t_fwd = time.perf_counter() - t0
     per_layer = layer_collisions(states, prompts, layers, tol=cfg.tol, show=cfg.show)
     n = len(prompts)
-    result = ExhaustiveResult(config=asdict(cfg), n_prompts=n, n_pairs=n * (n - 1) // 2, layers=per_layer,
+    result = EnumerationResult(config=asdict(cfg), n_prompts=n, n_pairs=n * (n - 1) // 2, layers=per_layer,
                               seconds_forward=t_fwd, seconds=time.perf_counter() - t0)
     if out_dir is not None:
-        from .report import write_exhaustive
+        from .report import write_enumeration
 
-        write_exhaustive(result, cfg, out_dir)
+        write_enumeration(result, cfg, out_dir)
     return result

@@ -133,3 +133,78 @@ def test_corrupt_gguf(tmp_path, monkeypatch):
     monkeypatch.setenv("SIPIT_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ModelError, match="cannot read GGUF"):
         load_model(str(f))
+
+
+# ---------------------------------------------------------------------------------------------- HF directories
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """tiny-llama saved as a Hugging Face directory (what `save_pretrained` writes), loaded back offline."""
+    lm = load_model("tiny-llama")
+    d = tmp_path_factory.mktemp("hf") / "tiny-llama"
+    lm.model.save_pretrained(d)
+    lm.tokenizer.save_pretrained(d)
+    return lm, str(d)
+
+
+def test_hf_directory_loads_whole_and_truncated(hf_dir):
+    ref, d = hf_dir
+    ids = torch.tensor(ref.encode("round trip"))
+    whole = load_model(d)
+    assert whole.fingerprint == ref.fingerprint  # same weights, same tokenizer: the same cache key
+    for layer in (1, 2, 4):
+        assert torch.equal(LayerTap(whole, layer).states(ids), LayerTap(ref, layer).states(ids))
+    cut = load_model(d, max_layer=2)
+    assert (cut.n_layers, cut.full_layers) == (2, 4) and len(cut.blocks) == 2
+    for layer in (0, 1, 2, -3):
+        assert torch.equal(LayerTap(cut, layer).states(ids), LayerTap(ref, layer).states(ids))
+    with pytest.raises(ModelError, match="max_layer=2"):
+        LayerTap(cut, 3)
+    with pytest.raises(ModelError, match="max_layer=2"):
+        LayerTap(cut, -1)  # the architecture's last block, not the last one loaded
+
+
+def test_hf_directory_loads_in_bf16_directly(hf_dir, monkeypatch):
+    """A float precision is the dtype of the load itself: no float32 copy is ever made."""
+    ref, d = hf_dir
+    casts = []
+    real_to = torch.nn.Module.to
+    monkeypatch.setattr(torch.nn.Module, "to", lambda self, *a, **k: casts.append(a) or real_to(self, *a, **k))
+    lm = load_model(d, precision="bf16")
+    assert lm.precision == "bf16" and {p.dtype for p in lm.model.parameters()} == {torch.bfloat16}
+    assert not [a for a in casts if torch.bfloat16 in a]  # no cast after a float32 load
+    monkeypatch.undo()
+    assert torch.equal(lm.embed.weight, ref.embed.weight.bfloat16())
+
+
+def test_max_layer_out_of_range(hf_dir):
+    with pytest.raises(ModelError, match="max_layer 9 out of range"):
+        load_model(hf_dir[1], max_layer=9)
+    with pytest.raises(ModelError, match="tiny models always load whole"):
+        load_model("tiny-gpt2", max_layer=1)
+
+
+def test_embedded_models_are_listed():
+    from sipit.models import embedded_status
+
+    s = embedded_status()
+    assert {"smollm2", "gemma3-270m", "qwen2.5-coder-1.5b", "random:gpt2", "random:llama-3.1-8b", "tiny-gpt2"} <= set(s)
+    assert s["random:gpt2"]["installed"]
+
+
+def _qwen_installed() -> bool:
+    from sipit.models import embedded_status
+
+    return embedded_status()["qwen2.5-coder-1.5b"]["installed"]
+
+
+@pytest.mark.qwen
+@pytest.mark.skipif(not _qwen_installed(), reason="needs `make install-qwen`")
+def test_qwen_parity():
+    """Qwen2.5-Coder-1.5B (qwen2: q/k/v biases, GQA 12/2, tied embeddings): extend() == full forward
+    at the first, middle and last layer, pre and post final norm."""
+    lm = load_model("qwen2.5-coder-1.5b")
+    assert (lm.n_layers, lm.d_model, lm.vocab_size) == (28, 1536, 151936)
+    assert lm.model.config.num_key_value_heads == 2
+    check_parity(lm, "def add(a, b):\n    return a + b")

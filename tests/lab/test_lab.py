@@ -8,8 +8,8 @@ from fractions import Fraction
 import pytest
 import torch
 
-from sipit.lab import (CounterexampleConfig, ExhaustiveConfig, GuaranteeConfig, LabError, LabModel, PromptSet,
-                       TrainConfig, build, run_counterexamples, run_exhaustive, run_guarantee, run_train)
+from sipit.lab import (CounterexampleConfig, EnumerationConfig, GuaranteeConfig, LabError, LabModel, PromptSet,
+                       TrainConfig, build, run_counterexamples, run_enumeration, run_guarantee, run_train)
 from sipit.lab.cli import add_lab_parser
 from sipit.lab.guarantee import Inverted, exhaustive_sipit
 from sipit.lab.models import last_token_states
@@ -55,11 +55,11 @@ def test_last_token_states_match_single_forward():
 
 def test_bad_configs_say_why():
     with pytest.raises(LabError, match=r"17,895,696 prompts.*GiB"):
-        run_exhaustive(ExhaustiveConfig(model=LabModel(vocab=16, context=6)))
+        run_enumeration(EnumerationConfig(model=LabModel(vocab=16, context=6)))
     with pytest.raises(LabError, match="activation"):
         build(LabModel(activation="swish"))
     with pytest.raises(LabError, match="layers"):
-        run_exhaustive(ExhaustiveConfig(model=SMALL, layers=[3]))
+        run_enumeration(EnumerationConfig(model=SMALL, layers=[3]))
 
 
 # ---------------------------------------------------------------------------------------------- exhaustive
@@ -68,7 +68,7 @@ def test_bad_configs_say_why():
 @pytest.mark.parametrize("model", [SMALL, LabModel(vocab=V, context=K, arch="llama", bos=True, activation="tanh"),
                                    LabModel(vocab=V, context=K, activation="relu", tied=False, depth=3)])
 def test_exhaustive_default_models_have_no_collision(model, tmp_path):
-    r = run_exhaustive(ExhaustiveConfig(model=model), tmp_path)
+    r = run_enumeration(EnumerationConfig(model=model), tmp_path)
     n = 4 + 16 + 64 + 256
     assert r.n_prompts == n and r.n_pairs == n * (n - 1) // 2
     assert [x.layer for x in r.layers] == list(range(1, model.depth + 1))
@@ -79,13 +79,13 @@ def test_exhaustive_default_models_have_no_collision(model, tmp_path):
 
 
 def test_longer_context_checks_the_same_model():
-    short = run_exhaustive(ExhaustiveConfig(model=LabModel(vocab=V, context=3)))
-    long = run_exhaustive(ExhaustiveConfig(model=SMALL))  # same weights (fixed positions), more prompts
+    short = run_enumeration(EnumerationConfig(model=LabModel(vocab=V, context=3)))
+    long = run_enumeration(EnumerationConfig(model=SMALL))  # same weights (fixed positions), more prompts
     assert all(b.min_distance <= a.min_distance for a, b in zip(short.layers, long.layers))
 
 
 def test_rotary_without_bos_collides_on_repeated_tokens():
-    r = run_exhaustive(ExhaustiveConfig(model=LabModel(vocab=V, context=K, arch="llama"), show=100))
+    r = run_enumeration(EnumerationConfig(model=LabModel(vocab=V, context=K, arch="llama"), show=100))
     for layer in r.layers:  # a, aa, aaa, aaaa for each token a: V * C(K, 2) pairs
         assert layer.collisions == V * math.comb(K, 2)
         assert all(len(set(a + b)) == 1 for a, b, _ in layer.colliding)

@@ -1,0 +1,88 @@
+"""Devices: which one, exact float32 matmuls on it, and batch sizes that fit its free memory.
+
+    dev = resolve_device("auto")                     # cuda when available, else cpu
+    exact_matmul(dev)                                # TF32 off: verification compares at 1e-7
+    b = batch_for(dev, bytes_per_item=4 * d * T, cap=4096)
+    out = retry_on_oom(lambda b: run(batch=b), b)    # halves b on CUDA out-of-memory
+"""
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+import torch
+
+from .lm import ModelError
+
+T = TypeVar("T")
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """"auto" (or None) -> cuda when available, else cpu; "cpu", "cuda", "cuda:N", "mps" as given.
+
+    Raises ModelError for a device this machine does not have.
+    """
+    name = str(device or "auto")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ModelError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps") from e
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise ModelError(f"device {name!r} is not available here (torch sees "
+                         f"{torch.cuda.device_count()} CUDA device(s)); use --device cpu")
+    if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ModelError("device 'mps' is not available here; use --device cpu")
+    return dev
+
+
+def exact_matmul(device: torch.device | str):
+    """On CUDA, make float32 matmuls and convolutions true float32 (no TF32, "highest" precision).
+
+    TF32 keeps 10 mantissa bits (relative error ~5e-4): far above the ~1e-7 relative rounding that
+    SipIt's ε and the pairwise recheck are derived from, so a verification would accept wrong
+    tokens or reject true ones. Process-wide (torch has no per-model switch); a no-op elsewhere.
+    """
+    if torch.device(device).type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+
+
+def free_bytes(device: torch.device | str) -> int | None:
+    """Free memory on a CUDA device in bytes (torch.cuda.mem_get_info); None elsewhere (no limit known)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return free
+
+
+def batch_for(device: torch.device | str, bytes_per_item: int, *, cap: int, floor: int = 1,
+              fraction: float = 0.5) -> int:
+    """Largest batch whose working memory (`bytes_per_item` each) fits in `fraction` of the free
+    device memory, clamped to [floor, cap]. Off CUDA (free memory unknown) it is `cap`.
+
+    The fraction leaves room for what the estimate misses (allocator slack, temporaries);
+    `retry_on_oom` catches the rest.
+    """
+    free = free_bytes(device)
+    if free is None:
+        return cap
+    return max(floor, min(cap, int(free * fraction) // max(1, bytes_per_item)))
+
+
+def retry_on_oom(run: Callable[[int], T], batch: int) -> T:
+    """run(batch), halving the batch on a CUDA out-of-memory error until batch 1 fails too.
+
+    `run` must be safe to call again (no half-written output): a failed attempt is discarded.
+    """
+    while True:
+        try:
+            return run(batch)
+        except torch.cuda.OutOfMemoryError:
+            if batch <= 1:
+                raise
+            batch //= 2
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()

@@ -1,0 +1,227 @@
+"""The LM handle: one loaded causal LM and every architecture lookup the algorithms need.
+
+All knowledge of how a Hugging Face decoder is laid out (where its blocks, final norm, embedding,
+attention projections and position table live) is in this file, like tuned-lens's
+`model_surgery.py`; the rest of sipit reads models through `LM` and `models/tap.py` only.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+from torch import Tensor, nn
+
+from ..io import SipitError
+
+
+class ModelError(SipitError):
+    """A model spec that cannot be loaded, or a layer it does not have; the message says why."""
+
+
+@dataclass
+class LM:
+    """A causal LM with its tokenizer and the handles the layer tap needs.
+
+    Layer index ℓ ∈ [0, n_layers] follows HF `output_hidden_states`: 0 = embedding output (the
+    input of block 0), ℓ ≥ 1 = residual stream after the ℓ-th block, *without* the final norm.
+
+    `tokenizer` is None for models without one (the `random:<arch>` specs): ids in, ids out.
+    `full_layers` is the architecture's depth when only the first blocks were loaded
+    (`load_model(..., max_layer=ℓ)`); negative layer indices still count from the real last block.
+    """
+
+    name: str
+    model: nn.Module  # the full *ForCausalLM
+    tokenizer: object | None
+    precision: str = "fp32"  # see models/precision.py
+    full_layers: int | None = None  # the architecture's depth; None = all blocks are loaded
+    base: nn.Module = field(init=False)  # model.model / model.transformer
+    blocks: nn.ModuleList = field(init=False)
+    embed: nn.Module = field(init=False)
+    norm: nn.Module = field(init=False)
+
+    def __post_init__(self):
+        self.model.eval().requires_grad_(False)
+        self.base = self.model.base_model
+        self.blocks = _find_blocks(self.base, self.model.config)
+        self.embed = self.model.get_input_embeddings()
+        self.norm = _find_final_norm(self.base, self.blocks)
+
+    @property
+    def n_layers(self) -> int:
+        """Blocks loaded (= the architecture's depth unless loaded with max_layer)."""
+        return len(self.blocks)
+
+    @property
+    def d_model(self) -> int:
+        return self.embed.weight.shape[1]
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the input embedding: the candidate set of every inversion."""
+        return self.embed.weight.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Where the embedding lives: every tensor an algorithm makes for this model goes here."""
+        return self.embed.weight.device
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Content hash of the weights, tokenizer and precision: the key of every on-disk cache.
+
+        Never the spec name (one GGUF by name and by path is one model) nor an object id (Python
+        reuses ids). The embedding rows (the candidate set; duplicate classes depend on them bit for
+        bit) are hashed whole; every other tensor by name, shape, dtype, its float64 sum and sum of
+        squares and up to 4,096 evenly strided values. `temporary_edit` and `apply_precision`
+        drop the cached value; after any other in-place edit, `del lm.fingerprint`.
+        """
+        h = hashlib.sha256()
+        h.update(f"{self.precision}:{self.tokenizer_fingerprint}:{self.n_layers}".encode())
+        h.update(self.embed.weight.detach().float().cpu().contiguous().numpy().tobytes())
+        for name, t in sorted(self.model.state_dict().items()):
+            t = t.detach()
+            flat = t.reshape(-1)
+            step = max(1, flat.numel() // 4096)
+            h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+            if flat.numel() and flat.is_floating_point():
+                f64 = flat.double()
+                h.update(torch.stack([f64.sum(), f64.square().sum()]).cpu().numpy().tobytes())
+                h.update(flat[::step].float().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    def forget_fingerprint(self):
+        """Call after editing weights in place: the next `fingerprint` is recomputed."""
+        self.__dict__.pop("fingerprint", None)
+
+    def layer_index(self, layer: int) -> int:
+        """Normalise a layer index (negative counts from the end); raise on out of range."""
+        depth = self.full_layers or self.n_layers
+        if not -(depth + 1) <= layer <= depth:
+            raise ModelError(
+                f"layer {layer} out of range for {self.name}: valid layers are 0..{depth} "
+                f"(0 = embeddings, i = after block i) or -1..-{depth + 1} from the end"
+            )
+        index = layer % (depth + 1)
+        if index > self.n_layers:
+            raise ModelError(f"layer {layer} of {self.name} is not loaded: the model was loaded with "
+                             f"max_layer={self.n_layers} (of {depth} blocks); load it with max_layer >= {index}")
+        return index
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids as the model would see the text (with BOS if the tokenizer adds one)."""
+        if self.tokenizer is None:
+            raise ModelError(f"{self.name} has no tokenizer (random weights, ids in and ids out): give token "
+                             "ids instead of text, e.g. a corpus random:N or an ids file")
+        return list(self.tokenizer(text)["input_ids"])
+
+    def decode(self, ids) -> str:
+        """Text of the ids; without a tokenizer the ids themselves, as "[id 1, id 2]"."""
+        if self.tokenizer is None:
+            return "[" + ", ".join(f"id {int(i)}" for i in ids) + "] (no tokenizer: ids only)"
+        return self.tokenizer.decode(list(ids))
+
+    @cached_property
+    def tokenizer_fingerprint(self) -> str:
+        if self.tokenizer is None:
+            return f"ids-only-{self.vocab_size}"
+        vocab = sorted(self.tokenizer.get_vocab().items())
+        return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
+
+    @torch.no_grad()
+    def unembedding_rows(self) -> Tensor:
+        """Rows of the LM head: next-token logits = norm(h_L) @ rows.T (before any soft-capping). [V, d]"""
+        return self.model.get_output_embeddings().weight
+
+    @torch.no_grad()
+    def embedding_rows(self) -> Tensor:
+        """Embedding rows as block 0 sees them (e.g. Gemma's √d scaling included). [V, d]"""
+        return self.embed(torch.arange(self.vocab_size, device=self.device))
+
+    def logits(self, ids: Tensor) -> Tensor:
+        """Next-token logits [B, T, V] for ids [B, T]; differentiable when grads are enabled."""
+        return self.model(input_ids=ids).logits
+
+
+@contextmanager
+def temporary_edit(lm: LM):
+    """Edit lm's weights in place inside the block; every parameter and buffer is restored on exit.
+
+    >>> with temporary_edit(lm):
+    ...     for w in attention_weights(lm, 0)["qk"]: w.zero_()
+    ...     states = ...                      # the edited model
+    >>> # lm is bit-identical to before here
+    """
+    saved = {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
+    lm.forget_fingerprint()
+    try:
+        yield lm
+    finally:
+        lm.model.load_state_dict(saved)
+        lm.forget_fingerprint()
+
+
+def _find_blocks(base: nn.Module, config) -> nn.ModuleList:
+    n = getattr(config.get_text_config(), "num_hidden_layers", None)
+    lists = [m for m in base.children() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    lists = [m for m in lists if n is None or len(m) == n] or lists
+    if not lists:
+        raise ModelError(f"{type(base).__name__}: no ModuleList of transformer blocks found")
+    return lists[0]
+
+
+def _find_final_norm(base: nn.Module, blocks: nn.ModuleList) -> nn.Module:
+    for name in ("norm", "ln_f", "final_layer_norm", "final_layernorm", "final_norm"):
+        if isinstance(getattr(base, name, None), nn.Module):
+            return getattr(base, name)
+    norms = [m for m in base.children() if "norm" in type(m).__name__.lower()]
+    if not norms:
+        raise ModelError(f"{type(base).__name__}: no final norm module found")
+    return norms[-1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Named weights, for experiments that edit them (the theory lab's counterexamples). Every function
+# returns *views* of the parameters: edit them in place under torch.no_grad() (or temporary_edit).
+
+
+def _attention(lm: LM, block: int):
+    b = lm.blocks[block]
+    for name in ("self_attn", "attn", "attention"):
+        if hasattr(b, name):
+            return getattr(b, name)
+    raise ModelError(f"{lm.name}: block {block} has no attention module")
+
+
+def attention_weights(lm: LM, block: int) -> dict[str, list[Tensor]]:
+    """Attention parameters of block `block` (0-based): "qk" = query and key weights and biases
+    (zero them and every score is equal: uniform causal attention), "out" = the output projection
+    (zero it and the block's attention adds nothing to the residual stream)."""
+    a = _attention(lm, block)
+
+    def wb(m):
+        return [m.weight] + ([m.bias] if getattr(m, "bias", None) is not None else [])
+
+    if hasattr(a, "q_proj") and hasattr(a, "k_proj"):  # Llama, Gemma, Qwen, ...
+        return {"qk": wb(a.q_proj) + wb(a.k_proj), "out": wb(a.o_proj)}
+    if hasattr(a, "c_attn"):  # GPT-2: one Conv1D [d, 3d] holding q | k | v
+        d = lm.d_model
+        return {"qk": [a.c_attn.weight[:, : 2 * d], a.c_attn.bias[: 2 * d]], "out": wb(a.c_proj)}
+    raise ModelError(f"{lm.name}: unknown attention layout {type(a).__name__}")
+
+
+def position_table(lm: LM) -> Tensor | None:
+    """Learned absolute position embeddings [P, d] (GPT-2), or None (rotary models: Llama, ...)."""
+    for name in ("wpe", "embed_positions", "position_embeddings"):
+        m = getattr(lm.base, name, None)
+        if m is not None and hasattr(m, "weight"):
+            return m.weight
+    return None

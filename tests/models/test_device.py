@@ -1,0 +1,95 @@
+"""Devices: resolution, exact float32 matmuls, batch sizes from free memory, OOM retry (simulated on CPU)."""
+import pytest
+import torch
+
+from sipit.models import LayerTap, ModelError, batch_for, exact_matmul, load_model, resolve_device, retry_on_oom
+from sipit.models import device as device_mod
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ModelError, match="unknown device"):
+        resolve_device("gpu7")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelError, match="not available"):
+            resolve_device("cuda:0")
+
+
+def test_oom_halves_the_batch_until_it_fits():
+    tried = []
+
+    def run(batch):
+        tried.append(batch)
+        if batch > 48:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return batch * 10
+
+    assert retry_on_oom(run, 400) == 250
+    assert tried == [400, 200, 100, 50, 25]
+
+
+def test_oom_at_batch_one_is_raised():
+    def run(batch):
+        raise torch.cuda.OutOfMemoryError("simulated")
+
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        retry_on_oom(run, 8)
+
+
+def test_other_errors_are_not_retried():
+    calls = []
+
+    def run(batch):
+        calls.append(batch)
+        raise ValueError("a bug, not memory")
+
+    with pytest.raises(ValueError):
+        retry_on_oom(run, 8)
+    assert calls == [8]
+
+
+def test_batch_from_free_memory(monkeypatch):
+    assert batch_for("cpu", 1000, cap=4096) == 4096  # free memory unknown off CUDA: the cap
+    monkeypatch.setattr(device_mod, "free_bytes", lambda dev: 10_000_000)
+    assert batch_for("cuda", 1000, cap=100_000) == 5000  # half of the free memory
+    assert batch_for("cuda", 1000, cap=100) == 100
+    assert batch_for("cuda", 10**9, cap=100, floor=2) == 2
+
+
+def test_exact_matmul_turns_tf32_off(monkeypatch):
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        exact_matmul("cpu")  # nothing to do off CUDA
+        assert torch.backends.cuda.matmul.allow_tf32
+        exact_matmul("cuda")
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert torch.get_float32_matmul_precision() == "highest"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+
+@pytest.mark.parametrize("spec", ["tiny-gpt2", "tiny-llama"])
+def test_tap_makes_tensors_on_the_model_device(spec):
+    """Every tensor the tap creates goes to lm.device. Checked on the meta device, which CPU-only CI
+    has: a stray CPU tensor (ids, positions, cache) meeting meta weights raises."""
+    lm = load_model(spec)
+    lm.model.to("meta")
+    tap = LayerTap(lm, 2)
+    prefix = tap.prefill([1, 2, 3])  # ids given as a list, on the CPU
+    assert prefix.ids.device.type == "meta" and lm.embedding_rows().device.type == "meta"
+    assert tap.extend(prefix, [4, 5]).device.type == "meta"
+    states, grown = tap.extend(prefix, torch.tensor([[4, 5], [6, 7]]), keep=True)
+    assert states.device.type == "meta" and grown(1, 1).ids.device.type == "meta"
+    assert tap.extend_layers(prefix, [4], [1, 2])[1].device.type == "meta"
+
+
+@pytest.mark.cuda
+def test_cuda_tap_parity():
+    """On a GPU: the tap on CUDA matches the CPU tap (TF32 off) at the first and last layer."""
+    ids = torch.tensor([5, 17, 3, 99, 42, 7])
+    cpu, gpu = load_model("tiny-llama"), load_model("tiny-llama", device="cuda")
+    for layer in (1, -1):
+        a = LayerTap(cpu, layer).states(ids)
+        b = LayerTap(gpu, layer).states(ids).cpu()
+        assert ((a - b).norm() / a.norm()).item() < 1e-5

@@ -1,0 +1,24 @@
+"""The LM handle: temporary weight edits, named weights, fingerprints, models without a tokenizer."""
+import pytest
+import torch
+
+from sipit.models import LayerTap, attention_weights, load_model, position_table, temporary_edit
+
+
+@pytest.mark.parametrize("spec", ["tiny-gpt2", "tiny-llama"])
+def test_temporary_edit_restores_every_weight(spec):
+    lm = load_model(spec)
+    ids = torch.tensor([1, 2, 3, 4])
+    before, fp = LayerTap(lm, -1).states(ids), lm.fingerprint
+    with temporary_edit(lm):
+        with torch.no_grad():
+            for w in attention_weights(lm, 0)["qk"]:
+                w.zero_()
+        assert lm.fingerprint != fp  # the edit is a different model (a cache must not mix them)
+        assert not torch.equal(LayerTap(lm, -1).states(ids), before)
+    assert torch.equal(LayerTap(lm, -1).states(ids), before) and lm.fingerprint == fp
+
+
+def test_position_table_only_for_learned_positions():
+    assert position_table(load_model("tiny-gpt2")).shape == (512, 64)
+    assert position_table(load_model("tiny-llama")) is None
