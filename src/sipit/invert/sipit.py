@@ -160,11 +160,11 @@ class SipIt:
     """The inversion loop for one (model, layer, norm) and one policy; reusable across prompts."""
 
     def __init__(self, lm: LM, layer: int, config: InvertConfig | None = None, final_norm: bool = False,
-                 eps: float | None = None):
+                 eps: float | None = None, tap=None):
         from .policies import make_policy
 
         self.lm, self.config = lm, config or InvertConfig()
-        self.tap = LayerTap(lm, layer, final_norm=final_norm)
+        self.tap = tap or LayerTap(lm, layer, final_norm=final_norm)  # any surface tap (models/surfaces.py)
         self.eps = eps if eps is not None else (self.config.eps or tolerance(torch.float32))
         self.dups = duplicate_classes(lm)
         t0 = time.perf_counter()
@@ -436,25 +436,26 @@ def as_prompts(states, d_model: int) -> list[Tensor]:
 
 
 def invert(lm: LM | str, states, layer: int, config: InvertConfig | None = None, final_norm: bool = False,
-           progress: bool = True, true_ids=None) -> InversionResult:
+           progress: bool = True, true_ids=None, tap=None) -> InversionResult:
     """Recover the token ids whose states at `layer` are `states`.
 
     states: [T, d], [B, T, d] or a list of [T_i, d] (float32/16/bf16), as captured by LayerTap.states
     (or HF hidden_states[layer]; `final_norm=True` for post-final-norm states). true_ids (optional,
     list of id lists) only adds exact-match accounting. Raises InversionError for input that cannot
     be inverted at all; per-prompt failures are reported in the result, never as wrong tokens.
+    tap: a surface (models/surfaces.py); states are then its observations [T, tap.dim].
     """
     from tqdm.auto import tqdm
 
     config = config or InvertConfig()
     lm = load_model(lm) if isinstance(lm, str) else lm
-    layer = lm.layer_index(layer)
-    prompts = as_prompts(states, lm.d_model)
+    layer, final_norm = (tap.layer, tap.final_norm) if tap is not None else (lm.layer_index(layer), final_norm)
+    prompts = as_prompts(states, tap.dim if tap is not None else lm.d_model)
     dtypes = {s.dtype for s in prompts}
     eps = config.eps if config.eps is not None else max(tolerance(dt) for dt in dtypes)
     if true_ids is not None and len(true_ids) != len(prompts):
         raise InversionError(f"{len(true_ids)} ground-truth sequences for {len(prompts)} prompts")
-    engine = SipIt(lm, layer, config, final_norm=final_norm, eps=eps)
+    engine = SipIt(lm, layer, config, final_norm=final_norm, eps=eps, tap=tap)
     result = InversionResult(model=lm.name, layer=layer, final_norm=final_norm, policy=engine.policy.name, eps=eps,
                              calibration_seconds=engine.calibration_seconds, vocab_size=lm.vocab_size)
     t0 = time.perf_counter()
