@@ -198,14 +198,14 @@ def normed_states_from_logits(lm: LM, logits: Tensor, logprobs: bool = False) ->
     return x.to(device=lm.device, dtype=lm.dtype)
 
 
-def logits_eps(lm: LM, file_dtype: torch.dtype) -> float:
-    """ε for states recovered from logits stored in `file_dtype`: the layer-L tolerance plus the
-    file's unit roundoff amplified by cond(W) (a least-squares solution moves by ≤ cond·u relatively)."""
-    from ..invert.verify import UNIT_ROUNDOFF, tolerance
+def logits_eps(lm: LM, file_error: float) -> float:
+    """ε for states recovered from logits whose relative rounding is `file_error` (a dtype's unit
+    roundoff, or a storage format's bound): the recomputation tolerance plus that error amplified by
+    cond(W) (a least-squares solution moves by ≤ cond(W)·error relatively)."""
+    from ..invert.verify import EPS_FLOAT32
 
     s = torch.linalg.svdvals(lm.model.get_output_embeddings().weight.double().cpu())
-    cond = float(s[0] / s[-1])
-    return tolerance(torch.float32) + cond * UNIT_ROUNDOFF.get(file_dtype, 2.0 ** -8)
+    return EPS_FLOAT32 + float(s[0] / s[-1]) * file_error
 
 
 def random_projection(d: int, k: int, kind: str = "gaussian", seed: int = 0, states: Tensor | None = None) -> Tensor:
