@@ -20,6 +20,7 @@ from .io import SipitError
 STORAGE = ("fp32", "fp16", "bf16", "fp8", "int8", "int8-row")
 _CAST = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _U = {"fp32": 2.0 ** -24, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "fp8": 2.0 ** -4}
+_TINY = {"fp32": 2.0 ** -150, "fp16": 2.0 ** -25, "bf16": 2.0 ** -134}  # half the subnormal step: absolute
 FP8_MAX, FP8_MIN_SUBNORMAL_STEP = 448.0, 2.0 ** -9  # float8_e4m3fn
 
 
@@ -45,8 +46,8 @@ def dequantize(codes: Tensor, scale: Tensor | None, fmt: str) -> tuple[Tensor, T
     if (scale is None) != (fmt in _CAST):
         raise SipitError(f"storage {fmt}: the file {'lacks' if scale is None else 'has an unexpected'} scale tensor")
     x = codes.float() * (scale.float() if scale is not None else 1.0)
-    if fmt in _CAST:  # relative rounding: |x − x̃| ≤ u|x| ≤ u/(1−u)|x̃|
-        return x, x.abs() * _U[fmt] / (1 - _U[fmt])
+    if fmt in _CAST:  # relative rounding |x − x̃| ≤ u|x| ≤ u/(1−u)|x̃| for normals; subnormals: absolute
+        return x, x.abs() * _U[fmt] / (1 - _U[fmt]) + _TINY[fmt]
     s = scale.float().expand_as(x)
     if fmt == "fp8":  # normals: relative 2^-4; subnormals: half the smallest step, absolute
         return x, x.abs() * _U["fp8"] / (1 - _U["fp8"]) + s * FP8_MIN_SUBNORMAL_STEP / 2
