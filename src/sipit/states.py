@@ -249,7 +249,8 @@ def _validate(path: Path, tensors: dict, meta: dict) -> States:
     except (ValueError, TypeError) as e:
         raise StatesError(f"{path}: malformed metadata: {e}") from e
     if len(lengths) != x.shape[0] or not all(0 < n <= x.shape[1] for n in lengths):
-        raise StatesError(f"{path}: metadata 'lengths' {lengths} does not fit the observations {list(x.shape)}")
+        hint = " (kv tensors must be in HF's layout [B, n_kv_heads, T, head_dim])" if surface == "kv" else ""
+        raise StatesError(f"{path}: metadata 'lengths' {lengths} does not fit the observations {list(x.shape)}{hint}")
     if ids is not None and [len(i) for i in ids] != lengths:
         raise StatesError(f"{path}: metadata 'ids' lengths {[len(i) for i in ids]} do not match the states {lengths}")
     prompts = [x[i, :n] for i, n in enumerate(lengths)]
