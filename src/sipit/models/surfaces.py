@@ -29,7 +29,10 @@ KV_PARTS = ("keys", "values", "both")
 
 
 class StatesTap(LayerTap):
-    """The identity surface: states at `layer` (after the final norm if asked)."""
+    """The identity surface: states at `layer` (after the final norm if asked). Its key is the one
+    LayerTap gets in wave 2 (one calibration cache entry per observed thing)."""
+
+    plain_states = True  # a ranker may read the LM head off these observations
 
     @property
     def dim(self) -> int:
@@ -37,11 +40,13 @@ class StatesTap(LayerTap):
 
     @property
     def key(self) -> str:
-        return f"states:L{self.layer}" + (":final_norm" if self.final_norm else "")
+        return f"L{self.layer}" + ("n" if self.final_norm else "")
 
 
 class ProjectedTap(LayerTap):
     """states @ Pᵀ: observations [B, T, k] for a known projection P [k, d]."""
+
+    plain_states = False
 
     def __init__(self, lm: LM, layer: int, projection: Tensor, final_norm: bool = False):
         super().__init__(lm, layer, final_norm)
@@ -56,7 +61,7 @@ class ProjectedTap(LayerTap):
     @property
     def key(self) -> str:
         digest = hashlib.sha256(self.projection.float().cpu().contiguous().numpy().tobytes()).hexdigest()[:12]
-        return f"projection:{self.dim}x{self.lm.d_model}:{digest}:L{self.layer}" + (":final_norm" if self.final_norm else "")
+        return f"projection:{self.dim}x{self.lm.d_model}:{digest}:L{self.layer}" + ("n" if self.final_norm else "")
 
     def _run(self, **kw) -> Tensor:
         return super()._run(**kw) @ self.projection.T
@@ -76,6 +81,8 @@ class KVTap(LayerTap):
     first: [B, T, dim], dim = n_kv_heads·head_dim (×2 for both). Rotary keys are compared at equal
     positions, so no un-rotation is needed to verify. The tap's prefix cache covers blocks 1..ℓ.
     """
+
+    plain_states = False
 
     def __init__(self, lm: LM, layer: int, part: str = "both"):
         super().__init__(lm, layer, final_norm=False)
