@@ -106,3 +106,9 @@ def test_wrong_layer_is_an_honest_failure(tmp_path, capsys):
     assert code == 1 and "[0] recovered" not in io.out and "[0] FAILED" in io.out
     summary = json.loads(kv.with_suffix(".results.summary.json").read_text())
     assert summary["failed"] == 2
+
+
+def test_baselines_refuse_non_state_surfaces(tmp_path, capsys):
+    kv = capture(tmp_path, "--surface", "kv:keys", "--layer", "1")
+    code, io = invert(kv, capsys, "--policy", "bruteforce")
+    assert code == 2 and "inverts states only" in io.err and "recovered" not in io.out

@@ -59,6 +59,8 @@ def cmd_invert(args):
         eps = eps if eps is not None else args.noise * 1.01 + tolerance(prompts[0].dtype)
         print(f"added relative noise sigma={args.noise:g} (seed {args.seed}); eps={eps:.3g}", file=sys.stderr)
     if args.policy in ("bruteforce", "hardprompts"):  # the paper's baselines (invert/baselines.py)
+        if not getattr(tap, "plain_states", True):
+            raise SipitError(f"--policy {args.policy} inverts states only, not a {st.surface} file")
         from .invert.baselines import HardPromptsConfig, run_method
 
         if args.policy == "hardprompts" and not args.quiet:
