@@ -4,8 +4,9 @@
   safetensors names hidden_states.0 ... hidden_states.L). Entry i is sipit layer i, except that HF
   applies the final norm to the last entry: layer L from such a tuple is read with final_norm.
 - TransformerLens caches (`cache.cache_dict`, .pt or safetensors): blocks.{i}.hook_resid_pre is
-  layer i, blocks.{i}.hook_resid_post layer i+1, ln_final.hook_normalized layer L after the final
-  norm. With TransformerLens' default weight processing (center_writing_weights) every residual
+  layer i, blocks.{i}.hook_resid_post layer i+1 (ln_final.hook_normalized is not read: fold_ln
+  removes the norm's scale from it; use hook_resid_post with --final-norm). With TransformerLens'
+  default weight processing (center_writing_weights) every residual
   vector of a LayerNorm model is centred (mean 0 over d); such captures are detected and compared
   after centring (a known projection, capture.open_surface). hook_resid_mid is refused.
 - nnsight: `model.model.layers[i].output.save()` is block i's output (a tensor, or a 1-tuple) =
@@ -37,7 +38,7 @@ def foreign(path: Path, tensors: dict[str, Tensor], meta: dict, layer: int | Non
     """sipit files pass through; other tools' layouts -> ({"hidden_states": ...}, metadata)."""
     if "surface" in meta:
         return tensors, meta
-    if any(TL_HOOK.match(k) for k in tensors) or "ln_final.hook_normalized" in tensors:
+    if any(TL_HOOK.match(k) for k in tensors):
         return _transformer_lens(path, tensors, layer)
     if tensors and all(HF_TUPLE.match(k) for k in tensors):
         return _hf_tuple(path, tensors, layer)
@@ -71,12 +72,6 @@ def _transformer_lens(path: Path, tensors: dict, layer: int | None):
             mids.append(name)
         elif m:
             available[int(m.group(1)) + (m.group(2) == "post")] = (name, False)
-    if "ln_final.hook_normalized" in tensors:
-        n = max(available, default=-1)
-        if n < 0:
-            raise ReaderError(f"{path}: ln_final.hook_normalized without any blocks.*.hook_resid_*: "
-                              "cannot tell which layer is the last; save a resid hook too")
-        available.setdefault(n, ("ln_final.hook_normalized", True))
     if not available:
         raise ReaderError(f"{path}: TransformerLens cache with only {', '.join(mids[:3])}: the mid-block residual "
                           "is not a layer state; save blocks.{i}.hook_resid_pre or hook_resid_post")

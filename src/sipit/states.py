@@ -97,7 +97,7 @@ def save_surface(path: str | Path, tensors: dict[str, Tensor], lengths: list[int
         out[name] = q["codes"].contiguous()
         if "scale" in q:
             out[name + ".scale"] = q["scale"].contiguous()
-    first = out[SURFACE_TENSORS[surface][0] if SURFACE_TENSORS[surface][0] in out else SURFACE_TENSORS[surface][1]]
+    first = next(out[n] for n in SURFACE_TENSORS[surface] if n in out)
     meta = dict(model=model, layer=str(layer), final_norm=str(final_norm).lower(), surface=surface,
                 dtype=str(first.dtype).removeprefix("torch."), precision=precision, tokenizer=tokenizer,
                 **(extra_meta or {}))
