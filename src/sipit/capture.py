@@ -1,10 +1,22 @@
-"""Capture hidden states of prompts at one layer: what a user would have leaked or stored."""
+"""Capture what a system would leak for some prompts (any surface), and set up inverting such a file.
+
+    capture(lm, prompts, layer)                   states [T_i, d] per prompt (LayerTap)
+    capture_surface(lm, prompts, "kv:keys", layer) the surface's batched tensors, computed by plain
+                                                  transformers calls (model(ids).logits, its KV cache),
+                                                  never by the tap that inverts them
+    open_surface(lm, states_file, layer, norm)    -> (tap, observations per prompt, ε or None)
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from .io import SipitError
 from .models import LM, LayerTap
+
+SURFACES_HELP = "states | kv[:keys|values|both] | logits | logprobs | projection:K[:gaussian|pca|coords]"
 
 
 @torch.no_grad()
@@ -17,11 +29,98 @@ def capture(lm: LM, prompts: list[list[int]], layer: int, final_norm: bool = Fal
     """
     tap = LayerTap(lm, layer, final_norm)
     out: list[Tensor] = []
-    for start in range(0, len(prompts), batch_size):
-        batch = prompts[start:start + batch_size]
-        ids = torch.zeros(len(batch), max(map(len, batch)), dtype=torch.long)
-        for i, p in enumerate(batch):
-            ids[i, : len(p)] = torch.tensor(p)
+    for batch, ids in _batches(lm, prompts, batch_size):
         states = tap.states(ids)
         out.extend(states[i, : len(p)].clone() for i, p in enumerate(batch))
     return out
+
+
+def _batches(lm: LM, prompts: list[list[int]], batch_size: int):
+    """(prompts, right-padded ids [B, T_max]) per batch."""
+    for start in range(0, len(prompts), batch_size):
+        batch = prompts[start:start + batch_size]
+        ids = torch.zeros(len(batch), max(map(len, batch)), dtype=torch.long, device=lm.device)
+        for i, p in enumerate(batch):
+            ids[i, : len(p)] = torch.tensor(p)
+        yield batch, ids
+
+
+@dataclass
+class SurfaceSpec:
+    """A parsed --surface: kind (states|kv|logits|logprobs|projection), kv part, projection k and kind."""
+
+    kind: str
+    part: str = "both"
+    k: int = 0
+    projection: str = "gaussian"
+
+    @classmethod
+    def parse(cls, text: str) -> "SurfaceSpec":
+        kind, *rest = text.split(":")
+        try:
+            if kind in ("states", "logits", "logprobs") and not rest:
+                return cls(kind)
+            if kind == "kv" and len(rest) <= 1 and (not rest or rest[0] in ("keys", "values", "both")):
+                return cls(kind, part=rest[0] if rest else "both")
+            if kind == "projection" and 1 <= len(rest) <= 2 and (len(rest) == 1 or rest[1] in ("gaussian", "pca", "coords")):
+                return cls(kind, k=int(rest[0]), projection=rest[1] if len(rest) == 2 else "gaussian")
+        except ValueError:
+            pass
+        raise SipitError(f"bad --surface {text!r}: use {SURFACES_HELP}")
+
+
+@torch.no_grad()
+def capture_surface(lm: LM, prompts: list[list[int]], spec: SurfaceSpec, layer: int, final_norm: bool = False,
+                    seed: int = 0, batch_size: int = 16) -> tuple[dict[str, Tensor], dict]:
+    """The surface's tensors for the prompts, batched and zero-padded (states.pad), plus metadata."""
+    from .models.surfaces import KVTap, random_projection
+    from .states import pad
+
+    if spec.kind in ("states", "projection"):
+        states = capture(lm, prompts, layer, final_norm, batch_size)
+        if spec.kind == "states":
+            return {"hidden_states": pad(states)}, {}
+        P = random_projection(lm.d_model, spec.k, spec.projection, seed, torch.cat(states).cpu())
+        return {"projected": pad([s.cpu() @ P.T for s in states]), "projection": P}, {"projection_kind": spec.projection}
+    if spec.kind == "kv":
+        KVTap(lm, layer, spec.part)  # validates layer and part
+    out: dict[str, list[Tensor]] = {}
+    for batch, ids in _batches(lm, prompts, batch_size):
+        if spec.kind == "kv":
+            cache = lm.model(input_ids=ids, use_cache=True).past_key_values.layers[layer - 1]
+            for name, x in (("keys", cache.keys), ("values", cache.values)):
+                if spec.part in (name, "both"):
+                    out.setdefault(name, []).extend(x[i, :, : len(p)].cpu() for i, p in enumerate(batch))
+        else:
+            logits = lm.model(input_ids=ids).logits.float()
+            logits = torch.log_softmax(logits, -1) if spec.kind == "logprobs" else logits
+            out.setdefault(spec.kind, []).extend(logits[i, : len(p)].cpu() for i, p in enumerate(batch))
+    time_dim = 1 if spec.kind == "kv" else 0
+    return {name: pad(xs, time_dim) for name, xs in out.items()}, ({"part": spec.part} if spec.kind == "kv" else {})
+
+
+def open_surface(lm: LM, st, layer: int, final_norm: bool):
+    """A loaded file (states.States) -> (tap, observations [T_i, tap.dim] per prompt, ε or None).
+
+    ε None means: from the observations' dtype (verify.tolerance)."""
+    from .invert.verify import UNIT_ROUNDOFF
+    from .models.surfaces import KVTap, ProjectedTap, StatesTap, logits_eps, logits_tap, normed_states_from_logits
+
+    prompts = [p.to(lm.device) for p in st.prompts]
+    if st.surface == "kv":
+        tap = KVTap(lm, layer, st.part)
+        if tuple(st.kv_heads) != tap.heads:
+            raise SipitError(f"the file's {st.part} have {st.kv_heads[0]} heads × {st.kv_heads[1]} per position, block "
+                             f"{tap.layer} of {lm.name} caches {tap.heads[0]} × {tap.heads[1]}: wrong model or layout "
+                             "(expected HF's [B, n_kv_heads, T, head_dim])")
+        return tap, prompts, st.eps
+    if st.surface in ("logits", "logprobs"):
+        error = st.eps if st.eps is not None else UNIT_ROUNDOFF.get(prompts[0].dtype, 2.0 ** -8)
+        states = [normed_states_from_logits(lm, p, logprobs=st.surface == "logprobs") for p in prompts]
+        return logits_tap(lm), states, logits_eps(lm, error)
+    if st.surface == "projection":
+        return ProjectedTap(lm, layer, st.projection, final_norm), prompts, st.eps
+    if st.meta.get("centred") == "true":  # TransformerLens' default processing: compare after centring
+        d = lm.d_model
+        return ProjectedTap(lm, layer, torch.eye(d) - 1.0 / d, final_norm), prompts, st.eps
+    return StatesTap(lm, layer, final_norm), prompts, st.eps

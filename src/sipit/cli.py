@@ -33,43 +33,15 @@ def cmd_corpora(args):
     print(f"\nA corpus spec is a comma-separated list of {SPEC_HELP}.")
 
 
-def _prompts(lm, args) -> list[list[int]]:
-    if args.text is not None:
-        texts = [args.text]
-    else:
-        path = Path(args.file)
-        if not path.is_file():
-            raise SipitError(f"prompt file not found: {path}")
-        texts = [line for line in path.read_text().splitlines() if line.strip()]
-    if not texts or not all(t.strip() for t in texts):
-        raise SipitError("no prompt given: --text is empty or the file has no non-empty lines")
-    return [lm.encode(t) for t in texts]
-
-
-def cmd_capture(args):
-    from .capture import capture
-    from .models import load_model
-    from .states import save_states
-
-    lm = load_model(args.model, precision=args.precision, device=args.device)
-    layer = lm.layer_index(args.layer)
-    ids = _prompts(lm, args)
-    t = time.perf_counter()
-    states = capture(lm, ids, layer, args.final_norm)
-    save_states(args.output, states, model=args.model, layer=layer, final_norm=args.final_norm,
-                tokenizer=lm.tokenizer_fingerprint, precision=lm.precision, ids=ids)
-    print(f"captured {len(ids)} prompt(s), {sum(map(len, ids))} tokens, layer {layer} of {args.model} "
-          f"({lm.precision}, final_norm={args.final_norm}) in {time.perf_counter() - t:.2f}s -> {args.output}")
-
-
 def cmd_invert(args):
+    from .capture import open_surface
     from .engines import invert_batch, make_engine
     from .invert import InvertConfig, run
     from .io import write_json, write_jsonl
     from .models import load_model
     from .states import load_states
 
-    st = load_states(args.states)
+    st = load_states(args.states, args.layer, args.file_layers)
     model = args.model or st.model
     layer = args.layer if args.layer is not None else st.layer
     if model is None or layer is None:
@@ -78,7 +50,8 @@ def cmd_invert(args):
     lm = load_model(model, precision=args.precision or st.precision or "fp32", device=args.device)
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: the states file was made with another tokenizer than {model}'s", file=sys.stderr)
-    prompts, eps = st.prompts, args.eps
+    tap, prompts, file_eps = open_surface(lm, st, lm.layer_index(layer), final_norm)
+    eps = args.eps if args.eps is not None else file_eps
     out = Path(args.output or Path(args.states).with_suffix(".results.jsonl"))
     if args.noise:  # relative noise of norm sigma*||h_t|| per position; eps must then exceed sigma
         from .invert.robust import add_noise
@@ -88,8 +61,12 @@ def cmd_invert(args):
         prompts = [add_noise(s, args.noise, gen) for s in prompts]
         eps = eps if eps is not None else args.noise * 1.01 + tolerance(prompts[0].dtype, 1e-4)
         print(f"added relative noise sigma={args.noise:g} (seed {args.seed}); eps={eps:.3g}", file=sys.stderr)
-    if args.engine != "local" and args.policy in ("bruteforce", "hardprompts"):
-        raise SipitError(f"--engine {args.engine} runs SipIt's policies; the {args.policy} baseline runs locally")
+    plain = getattr(tap, "plain_states", True)
+    if args.policy in ("bruteforce", "hardprompts") and not plain:
+        raise SipitError(f"--policy {args.policy} inverts states only, not a {st.surface} file")
+    if args.engine != "local" and (args.policy in ("bruteforce", "hardprompts") or not plain):
+        raise SipitError(f"--engine {args.engine} runs SipIt's policies on states files; "
+                         f"this {st.surface} file with --policy {args.policy} runs locally")
     if args.policy == "hardprompts":  # the paper's PEZ baseline (invert/baselines.py)
         from .invert.baselines import HardPromptsConfig
 
@@ -102,7 +79,7 @@ def cmd_invert(args):
         config = InvertConfig(batch_size=args.batch_size, eps=eps, certify=args.certify)
     if args.engine == "local":
         result = run(args.policy, lm, prompts, layer, config, final_norm=final_norm, progress=not args.quiet,
-                     true_ids=st.ids, max_seconds=args.max_seconds)
+                     true_ids=st.ids, max_seconds=args.max_seconds, tap=tap)
     else:  # chunks of prompts on Ray workers, each chunk's result kept so a rerun continues
         config.policy, config.max_seconds = args.policy, args.max_seconds
         result = invert_batch(make_engine(args.engine, args.workers), lm, prompts, layer, config,
@@ -280,18 +257,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("corpora", help="list the named prompt corpora (use as --corpus NAME:N)")
     s.set_defaults(fn=cmd_corpora)
 
-    s = sub.add_parser("capture", help="capture hidden states of prompts at one layer")
-    add_model(s)
-    s.add_argument("--layer", type=int, required=True, help="0 = embeddings, i = after block i, negative from the end")
-    s.add_argument("--final-norm", action="store_true", help="apply the model's final norm to the state")
-    src = s.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text", help="one prompt")
-    src.add_argument("--file", help="text file, one prompt per line")
-    s.add_argument("-o", "--output", required=True, help="output .safetensors file")
-    s.set_defaults(fn=cmd_capture)
+    from .capture_cli import add_capture_parser
+
+    add_capture_parser(sub, add_model)
 
     s = sub.add_parser("invert", help="recover the exact prompts from a states file")
-    s.add_argument("states", help=".safetensors from `sipit capture` (or .npy/.pt with --model and --layer)")
+    s.add_argument("states", help=".safetensors from `sipit capture` (any surface), a transformers hidden_states tuple, "
+                                  "TransformerLens cache, nnsight save or vLLM export (.npy/.pt/.safetensors)")
+    s.add_argument("--file-layers", type=lambda v: [int(x) for x in v.split(",")], default=None,
+                   help="vLLM exports: the layer ids the file holds, in order (eagle_aux_hidden_state_layer_ids)")
     s.add_argument("--model", default=None, help="default: the file's metadata")
     s.add_argument("--layer", type=int, default=None, help="default: the file's metadata")
     s.add_argument("--final-norm", default=None, action=argparse.BooleanOptionalAction,

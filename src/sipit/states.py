@@ -1,12 +1,21 @@
-"""Hidden-state files: what `sipit capture` writes and `sipit invert` reads.
+"""Observation files: what `sipit capture` writes and `sipit invert` reads.
 
-Format (design.md §2): safetensors with one tensor `hidden_states` [T, d] or [B, T, d]
-(float32/float16/bfloat16) and string metadata:
-    model, layer, final_norm ("true"/"false"), dtype, precision, tokenizer (fingerprint),
-    ids (JSON list of id lists, optional ground truth), lengths (JSON list, when prompts in a
-    [B, T, d] file have different lengths: positions past a prompt's length are padding).
-`.npy` (no pickles) and `.pt` (loaded with weights_only=True; a tensor or {"hidden_states": ...})
-are read too; they carry no metadata, so --model and --layer must be given.
+Format (design.md §2, §7): safetensors with the observation tensor(s) of one surface and string
+metadata model, layer, final_norm ("true"/"false"), dtype, precision, tokenizer (fingerprint),
+surface, ids (JSON list of id lists, optional ground truth), lengths (JSON list, when prompts in a
+batched file have different lengths: positions past a prompt's length are padding).
+
+    surface     tensors                                        observation per position
+    states      hidden_states [B, T, d] or [T, d]              the state
+    kv          keys and/or values [B, H, T, hd] or [H, T, hd]  (HF cache layout; layer ℓ = block ℓ's
+                                                               cache = past_key_values.layers[ℓ-1])
+    logits      logits [B, T, V] or [T, V]  (logprobs: log-softmax, surface "logprobs")
+    projection  projected [B, T, k] or [T, k] + projection [k, d]  states @ Pᵀ
+
+Any observation tensor may be stored in low precision (storage.py: metadata `storage`, codes in
+NAME, scales in NAME.scale); its ε then comes from the format. `.npy` (no pickles) and `.pt`
+(weights_only=True) are read too, and files other tools write (readers.py): transformers
+hidden_states tuples, TransformerLens caches, nnsight saves, vLLM hidden-states exports.
 """
 from __future__ import annotations
 
@@ -20,6 +29,8 @@ from torch import Tensor
 from .io import SipitError, atomic_write
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+SURFACE_TENSORS = {"states": ("hidden_states",), "kv": ("keys", "values"), "logits": ("logits",),
+                   "logprobs": ("logprobs",), "projection": ("projected",)}
 
 
 class StatesError(SipitError):
@@ -28,9 +39,9 @@ class StatesError(SipitError):
 
 @dataclass
 class States:
-    """Per-prompt hidden states at one layer, plus what is known about how they were made."""
+    """Per-prompt observations of one surface, plus what is known about how they were made."""
 
-    prompts: list[Tensor]  # one [T_i, d] tensor per prompt
+    prompts: list[Tensor]  # one [T_i, k] tensor per prompt (k = d for states; see the table above)
     model: str | None = None
     layer: int | None = None
     final_norm: bool = False
@@ -38,6 +49,11 @@ class States:
     tokenizer: str | None = None
     ids: list[list[int]] | None = None  # ground truth, when the file has it
     meta: dict = field(default_factory=dict)  # every metadata string, as stored
+    surface: str = "states"  # states | kv | logits | logprobs | projection
+    part: str | None = None  # kv: keys | values | both
+    kv_heads: tuple[int, int] | None = None  # kv: (n_kv_heads, head_dim) as stored
+    projection: Tensor | None = None  # projection: P [k, d]
+    eps: float | None = None  # ε implied by a low-precision storage format (storage.py)
 
     @property
     def d_model(self) -> int:
@@ -47,31 +63,69 @@ class States:
 def save_states(path: str | Path, prompts: list[Tensor], *, model: str, layer: int, final_norm: bool,
                 tokenizer: str, precision: str = "fp32", ids: list[list[int]] | None = None) -> Path:
     """Write per-prompt states [T_i, d] as one [B, T_max, d] tensor (zero-padded), atomically."""
+    return save_surface(path, {"hidden_states": pad(prompts)}, [len(p) for p in prompts], model=model, layer=layer,
+                        final_norm=final_norm, tokenizer=tokenizer, precision=precision, ids=ids)
+
+
+def pad(prompts: list[Tensor], time_dim: int = 0) -> Tensor:
+    """Per-prompt tensors, equal but for the time dim (e.g. [T_i, k]) -> [B, ..., T_max, ...], zero-padded."""
+    T = max(p.shape[time_dim] for p in prompts)
+    shape = list(prompts[0].shape)
+    shape[time_dim] = T
+    out = prompts[0].new_zeros(len(prompts), *shape)
+    for i, p in enumerate(prompts):
+        out[i].narrow(time_dim, 0, p.shape[time_dim]).copy_(p)
+    return out
+
+
+def save_surface(path: str | Path, tensors: dict[str, Tensor], lengths: list[int], *, model: str, layer: int,
+                 final_norm: bool, tokenizer: str, precision: str = "fp32", surface: str = "states",
+                 ids: list[list[int]] | None = None, storage: str = "fp32", extra_meta: dict | None = None) -> Path:
+    """Write one surface's batched tensors (names: SURFACE_TENSORS, plus `projection`) atomically.
+
+    `storage` rounds every observation tensor (not the projection matrix) to that format."""
     from safetensors.torch import save
 
-    lengths = [len(p) for p in prompts]
-    padded = torch.zeros(len(prompts), max(lengths), prompts[0].shape[-1], dtype=prompts[0].dtype)
-    for i, p in enumerate(prompts):
-        padded[i, : len(p)] = p
-    meta = dict(model=model, layer=str(layer), final_norm=str(final_norm).lower(),
-                dtype=str(padded.dtype).removeprefix("torch."), precision=precision, tokenizer=tokenizer)
+    from .storage import quantize
+
+    out = {}
+    for name, x in tensors.items():
+        if name == "projection" or (storage == "fp32" and x.dtype != torch.float32):
+            out[name] = x.contiguous()
+            continue
+        q = quantize(x, storage)
+        out[name] = q["codes"].contiguous()
+        if "scale" in q:
+            out[name + ".scale"] = q["scale"].contiguous()
+    first = next(out[n] for n in SURFACE_TENSORS[surface] if n in out)
+    meta = dict(model=model, layer=str(layer), final_norm=str(final_norm).lower(), surface=surface,
+                dtype=str(first.dtype).removeprefix("torch."), precision=precision, tokenizer=tokenizer,
+                **(extra_meta or {}))
+    if storage != "fp32":
+        meta["storage"] = storage
     if len(set(lengths)) > 1:
         meta["lengths"] = json.dumps(lengths)
     if ids is not None:
         meta["ids"] = json.dumps([list(map(int, x)) for x in ids])
-    return atomic_write(path, save({"hidden_states": padded.contiguous()}, metadata=meta))
+    return atomic_write(path, save(out, metadata=meta))
 
 
-def load_states(path: str | Path) -> States:
-    """Read and validate a states file. Raises StatesError with one clear message."""
+def load_states(path: str | Path, layer: int | None = None, file_layers: list[int] | None = None) -> States:
+    """Read and validate an observation file. Raises StatesError with one clear message.
+
+    `layer` picks one layer from a file that holds several (a transformers hidden_states tuple, a
+    TransformerLens cache, a vLLM export whose layer ids `file_layers` the file does not record)."""
+    from .readers import foreign
+
     path = Path(path)
     if not path.is_file():
         raise StatesError(f"states file not found: {path}")
     reader = {".safetensors": _read_safetensors, ".npy": _read_npy, ".pt": _read_pt, ".pth": _read_pt}
     if path.suffix not in reader:
         raise StatesError(f"{path}: unknown states format {path.suffix!r} (use .safetensors, .npy or .pt)")
-    tensor, meta = reader[path.suffix](path)
-    return _validate(path, tensor, meta)
+    tensors, meta = reader[path.suffix](path)
+    tensors, meta = foreign(path, tensors, meta, layer, file_layers)
+    return _validate(path, tensors, meta)
 
 
 def _read_safetensors(path: Path):
@@ -79,12 +133,7 @@ def _read_safetensors(path: Path):
 
     try:
         with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            if "hidden_states" not in f.keys():
-                raise StatesError(f"{path}: no tensor named 'hidden_states' (found: {', '.join(f.keys()) or 'none'})")
-            return f.get_tensor("hidden_states"), meta
-    except StatesError:
-        raise
+            return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
     except Exception as e:  # safetensors raises SafetensorError / OSError on bad headers and short files
         raise StatesError(f"{path}: not a readable safetensors file (corrupt or truncated?): {e}") from e
 
@@ -98,31 +147,101 @@ def _read_npy(path: Path):
         raise StatesError(f"{path}: refusing a pickled .npy file (object arrays are not loaded): {e}") from e
     except Exception as e:
         raise StatesError(f"{path}: not a readable .npy file (corrupt or truncated?): {e}") from e
-    return torch.from_numpy(np.ascontiguousarray(arr)), {}
+    return {"hidden_states": torch.from_numpy(np.ascontiguousarray(arr))}, {}
 
 
 def _read_pt(path: Path):
+    """A tensor, a dict of tensors, or a tuple/list of tensors (one: nnsight's saved block output;
+    several: a transformers hidden_states tuple, read as hidden_states.0 ... hidden_states.L)."""
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise StatesError(f"{path}: cannot load with weights_only=True (arbitrary pickles are refused; "
                           f"save a tensor or {{'hidden_states': tensor}}): {type(e).__name__}: {str(e)[:200]}") from e
-    if isinstance(obj, dict):
-        obj = obj.get("hidden_states")
-    if not isinstance(obj, Tensor):
-        raise StatesError(f"{path}: expected a tensor or a dict with 'hidden_states', got {type(obj).__name__}")
-    return obj, {}
+    if isinstance(obj, (tuple, list)) and obj and all(isinstance(t, Tensor) for t in obj):
+        return ({"hidden_states": obj[0]} if len(obj) == 1 else {f"hidden_states.{i}": t for i, t in enumerate(obj)}), {}
+    if isinstance(obj, Tensor):
+        return {"hidden_states": obj}, {}
+    if isinstance(obj, dict) and obj and all(isinstance(t, Tensor) for t in obj.values()):
+        return dict(obj), {}
+    raise StatesError(f"{path}: expected a tensor, a dict of tensors or a tuple of tensors, got {type(obj).__name__}")
 
 
-def _validate(path: Path, x: Tensor, meta: dict) -> States:
-    if x.dim() not in (2, 3):
-        raise StatesError(f"{path}: hidden_states must have shape [T, d] or [B, T, d], got {list(x.shape)}")
-    if x.dtype not in FLOAT_DTYPES:
-        raise StatesError(f"{path}: hidden_states must be floating point, got {x.dtype}")
-    if x.dim() == 2:
-        x = x[None]
+def _surface(path: Path, tensors: dict, meta: dict) -> str:
+    surface = meta.get("surface")
+    if surface is None:
+        surface = next((s for s, names in SURFACE_TENSORS.items() if any(n in tensors for n in names)), None)
+    if surface is None:
+        raise StatesError(f"{path}: no tensor named 'hidden_states' (nor keys/values, logits, logprobs, projected; "
+                          f"found: {', '.join(tensors) or 'none'})")
+    if surface not in SURFACE_TENSORS:
+        raise StatesError(f"{path}: unknown surface {surface!r} in the metadata (known: {', '.join(SURFACE_TENSORS)})")
+    if not any(n in tensors for n in SURFACE_TENSORS[surface]):
+        raise StatesError(f"{path}: surface {surface} needs a tensor named {' or '.join(SURFACE_TENSORS[surface])} "
+                          f"(found: {', '.join(tensors) or 'none'})")
+    return surface
+
+
+def _stored(path: Path, tensors: dict, name: str, meta: dict, dims: tuple[int, ...], layout: str):
+    """One observation tensor, dequantized if stored in low precision -> (x, bound or None), batched."""
+    from .storage import dequantize
+
+    x = tensors[name]
+    if x.dim() not in dims:
+        raise StatesError(f"{path}: {name} must have shape {layout}, got {list(x.shape)}")
     if x.numel() == 0:
-        raise StatesError(f"{path}: hidden_states is empty (shape {list(x.shape)})")
+        raise StatesError(f"{path}: {name} is empty (shape {list(x.shape)})")
+    if "storage" in meta:
+        x, bound = dequantize(x, tensors.get(name + ".scale"), meta["storage"])
+    elif x.dtype not in FLOAT_DTYPES:
+        raise StatesError(f"{path}: {name} must be floating point, got {x.dtype} (low-precision codes need "
+                          "metadata 'storage' and their scales)")
+    else:
+        bound = None
+    if x.dim() == min(dims):
+        x, bound = x[None], bound[None] if bound is not None else None
+    return x, bound
+
+
+def _observations(path: Path, surface: str, tensors: dict, meta: dict):
+    """-> (observations [B, T, k], elementwise storage bound or None, extra States fields)."""
+    from .models.surfaces import kv_observation
+
+    if surface == "kv":
+        present = [n for n in ("keys", "values") if n in tensors]
+        part = meta.get("part") or (present[0] if len(present) == 1 else "both")
+        need = ["keys", "values"] if part == "both" else [part]
+        if any(n not in tensors for n in need):
+            raise StatesError(f"{path}: kv part {part!r} needs tensors {need}, found {present}")
+        got = {n: _stored(path, tensors, n, meta, (3, 4), "[B, n_kv_heads, T, head_dim] or [n_kv_heads, T, head_dim] "
+                          "(HF cache layout)") for n in need}
+        if len({got[n][0].shape for n in need}) > 1:
+            raise StatesError(f"{path}: keys and values differ in shape: {[list(got[n][0].shape) for n in need]}")
+        x = kv_observation(got.get("keys", (None,))[0], got.get("values", (None,))[0], part)
+        bounds = [got[n][1] for n in need]
+        bound = None if bounds[0] is None else kv_observation(got.get("keys", (None, None))[1],
+                                                              got.get("values", (None, None))[1], part)
+        heads = got[need[0]][0].shape
+        return x, bound, dict(part=part, kv_heads=(heads[1], heads[3]))
+    name = SURFACE_TENSORS[surface][0]
+    x, bound = _stored(path, tensors, name, meta, (2, 3), f"[T, k] or [B, T, k] ({name})")
+    if surface != "projection":
+        return x, bound, {}
+    if "projection" not in tensors:
+        raise StatesError(f"{path}: projected states without the projection matrix: the file needs a tensor "
+                          "'projection' [k, d] (observations = states @ projectionᵀ)")
+    P = tensors["projection"]
+    if P.dim() != 2 or P.shape[0] != x.shape[-1] or not P.is_floating_point():
+        raise StatesError(f"{path}: projection must be a float [k={x.shape[-1]}, d] matrix, got {list(P.shape)} {P.dtype}")
+    return x, bound, dict(projection=P.float())
+
+
+def _validate(path: Path, tensors: dict, meta: dict) -> States:
+    from .invert.verify import EPS_FLOAT32
+    from .storage import storage_eps
+
+    surface = _surface(path, tensors, meta)
+    x, bound, extra = _observations(path, surface, tensors, meta)
     try:
         lengths = json.loads(meta["lengths"]) if "lengths" in meta else [x.shape[1]] * x.shape[0]
         ids = json.loads(meta["ids"]) if "ids" in meta else None
@@ -130,12 +249,17 @@ def _validate(path: Path, x: Tensor, meta: dict) -> States:
     except (ValueError, TypeError) as e:
         raise StatesError(f"{path}: malformed metadata: {e}") from e
     if len(lengths) != x.shape[0] or not all(0 < n <= x.shape[1] for n in lengths):
-        raise StatesError(f"{path}: metadata 'lengths' {lengths} does not fit hidden_states {list(x.shape)}")
+        hint = " (kv tensors must be in HF's layout [B, n_kv_heads, T, head_dim])" if surface == "kv" else ""
+        raise StatesError(f"{path}: metadata 'lengths' {lengths} does not fit the observations {list(x.shape)}{hint}")
     if ids is not None and [len(i) for i in ids] != lengths:
         raise StatesError(f"{path}: metadata 'ids' lengths {[len(i) for i in ids]} do not match the states {lengths}")
     prompts = [x[i, :n] for i, n in enumerate(lengths)]
     bad = [i for i, p in enumerate(prompts) if not torch.isfinite(p).all()]
     if bad:
-        raise StatesError(f"{path}: hidden_states contain NaN or inf (prompts {bad[:10]})")
+        raise StatesError(f"{path}: {SURFACE_TENSORS[surface][0]} contain NaN or inf (prompts {bad[:10]})")
+    eps = None
+    if bound is not None:
+        eps = max(storage_eps(p, bound[i, :len(p)], EPS_FLOAT32) for i, p in enumerate(prompts))
     return States(prompts, model=meta.get("model"), layer=layer, final_norm=meta.get("final_norm") == "true",
-                  precision=meta.get("precision"), tokenizer=meta.get("tokenizer"), ids=ids, meta=dict(meta))
+                  precision=meta.get("precision"), tokenizer=meta.get("tokenizer"), ids=ids, meta=dict(meta),
+                  surface=surface, eps=eps, **extra)

@@ -174,7 +174,7 @@ def _lm_prior(cal: Calibration, tap, H_random: Tensor, cfg: LearnedConfig) -> No
 
 def observes_plain_states(tap) -> bool:
     """The LM prior reads the LM head off the observed state: only for plain residual-stream taps."""
-    return isinstance(tap, LayerTap)
+    return getattr(tap, "plain_states", type(tap) is LayerTap)
 
 
 @torch.no_grad()

@@ -1,0 +1,236 @@
+"""Observation surfaces: what leaked, as a function g of the layer states, computed for any candidate.
+
+A surface is a *tap* (LayerTap's interface: `states`, `prefill`, `extend`, ... return observations
+[B, T, dim] instead of states [B, T, d]) plus `dim` (size of one observed vector) and `key` (a
+string naming what is observed, the cache key of anything fitted on it). SipIt compares a
+candidate's observation with the leaked one exactly as it compares states; it never learns which
+surface it runs on.
+
+- StatesTap:    the states themselves (g = identity), optionally after the final norm.
+- KVTap:        block ℓ's KV cache as HF stores it (keys after rotary, values; GQA heads), computed
+                by stopping the forward right after block ℓ's attention wrote its cache: blocks
+                above ℓ and block ℓ's MLP never run.
+- ProjectedTap: states @ Pᵀ for a known projection P [k, d].
+- logits:       logits = softcap(W·norm(h_L) + b) with W [V, d] of full column rank determine
+                norm(h_L); `normed_states_from_logits` recovers them once per file (least squares in
+                float64) and the surface is StatesTap(L, final_norm=True) with its own ε.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import Tensor
+
+from .load import LM, ModelError
+from .tap import LayerTap, _Stop
+
+KV_PARTS = ("keys", "values", "both")
+
+
+class StatesTap(LayerTap):
+    """The identity surface: states at `layer` (after the final norm if asked). Its key is the one
+    LayerTap gets in wave 2 (one calibration cache entry per observed thing)."""
+
+    plain_states = True  # a ranker may read the LM head off these observations
+
+    @property
+    def dim(self) -> int:
+        return self.lm.d_model
+
+    @property
+    def key(self) -> str:
+        return f"L{self.layer}" + ("n" if self.final_norm else "")
+
+
+class ProjectedTap(LayerTap):
+    """states @ Pᵀ: observations [B, T, k] for a known projection P [k, d]."""
+
+    plain_states = False
+
+    def __init__(self, lm: LM, layer: int, projection: Tensor, final_norm: bool = False):
+        super().__init__(lm, layer, final_norm)
+        if projection.dim() != 2 or projection.shape[1] != lm.d_model:
+            raise ModelError(f"projection must be [k, d={lm.d_model}] for {lm.name}, got {list(projection.shape)}")
+        self.projection = projection.to(device=lm.device, dtype=lm.dtype)
+
+    @property
+    def dim(self) -> int:
+        return self.projection.shape[0]
+
+    @property
+    def key(self) -> str:
+        digest = hashlib.sha256(self.projection.float().cpu().contiguous().numpy().tobytes()).hexdigest()[:12]
+        return f"projection:{self.dim}x{self.lm.d_model}:{digest}:L{self.layer}" + ("n" if self.final_norm else "")
+
+    def _run(self, **kw) -> Tensor:
+        return super()._run(**kw) @ self.projection.T
+
+
+def _attention(block) -> torch.nn.Module:
+    for name in ("self_attn", "attn", "attention"):
+        if hasattr(block, name):
+            return getattr(block, name)
+    raise ModelError(f"cannot find the attention module of {type(block).__name__} (KV surface)")
+
+
+class KVTap(LayerTap):
+    """Block ℓ's KV cache (HF `past_key_values.layers[ℓ-1]`): keys after rotary, values, or both.
+
+    Observation of one position: the n_kv_heads × head_dim keys (and/or values) flattened, keys
+    first: [B, T, dim], dim = n_kv_heads·head_dim (×2 for both). Rotary keys are compared at equal
+    positions, so no un-rotation is needed to verify. The tap's prefix cache covers blocks 1..ℓ.
+    """
+
+    plain_states = False
+
+    def __init__(self, lm: LM, layer: int, part: str = "both"):
+        super().__init__(lm, layer, final_norm=False)
+        if self.layer == 0:
+            raise ModelError("the KV surface needs a block: layer ℓ ≥ 1 means block ℓ's cache (HF layers[ℓ-1])")
+        if part not in KV_PARTS:
+            raise ModelError(f"KV part must be one of {', '.join(KV_PARTS)}, got {part!r}")
+        self.part = part
+        self._heads: tuple[int, int] | None = None
+
+    def __repr__(self):
+        return f"KVTap({self.lm.name}, layer={self.layer}, part={self.part})"
+
+    @property
+    def heads(self) -> tuple[int, int]:
+        """(n_kv_heads, head_dim) of block ℓ's cache, read off one 1-token forward."""
+        if self._heads is None:
+            k, _ = self.cache_of(torch.zeros(1, 1, dtype=torch.long, device=self.lm.device))
+            self._heads = (k.shape[1], k.shape[3])
+        return self._heads
+
+    @property
+    def dim(self) -> int:
+        n, hd = self.heads
+        return n * hd * (2 if self.part == "both" else 1)
+
+    @property
+    def key(self) -> str:
+        return f"kv:{self.part}:L{self.layer}"
+
+    @torch.no_grad()
+    def cache_of(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Block ℓ's keys and values [B, n_kv_heads, T, head_dim] of a full forward of ids [B, T]."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.lm.model.config)
+        self._forward(ids=ids, cache=cache)
+        layer = cache.layers[self.layer - 1]
+        return layer.keys, layer.values
+
+    def _forward(self, cache, **inputs) -> None:
+        def stop(module, args, out):
+            raise _Stop
+
+        handle = _attention(self.lm.blocks[self.layer - 1]).register_forward_hook(stop)
+        try:
+            self.lm.base(input_ids=inputs.get("ids"), inputs_embeds=inputs.get("embeds"), past_key_values=cache,
+                         use_cache=True, position_ids=inputs.get("position_ids"))
+        except _Stop:
+            pass
+        finally:
+            handle.remove()
+
+    def _run(self, cache=None, **inputs) -> Tensor:
+        from transformers import DynamicCache
+
+        n = (inputs["ids"] if inputs.get("ids") is not None else inputs["embeds"]).shape[1]
+        cache = cache if cache is not None else DynamicCache(config=self.lm.model.config)
+        self._forward(cache, **inputs)
+        layer = cache.layers[self.layer - 1]
+        return kv_observation(layer.keys[:, :, -n:], layer.values[:, :, -n:], self.part)
+
+    def extend_layers(self, prefix, ids, layers):
+        raise NotImplementedError("KVTap observes one block's cache, not states at several layers")
+
+
+def kv_observation(keys: Tensor | None, values: Tensor | None, part: str) -> Tensor:
+    """keys/values [B, H, T, hd] (HF cache layout) -> observation [B, T, H·hd] (both: keys then values)."""
+    def flat(x: Tensor) -> Tensor:
+        return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1)
+
+    if part == "keys":
+        return flat(keys)
+    if part == "values":
+        return flat(values)
+    return torch.cat([flat(keys), flat(values)], -1)
+
+
+# -- logits -------------------------------------------------------------------------------------
+
+
+def logit_softcap(lm: LM) -> float | None:
+    """Gemma-2/3's final soft-capping: logits = cap·tanh(z / cap); None when the model has none."""
+    cap = getattr(lm.model.config.get_text_config(), "final_logit_softcapping", None)
+    return float(cap) if cap else None
+
+
+def logits_tap(lm: LM) -> StatesTap:
+    """The tap a logits surface is compared through: the final-normed states at layer L."""
+    return StatesTap(lm, lm.n_layers, final_norm=True)
+
+
+@torch.no_grad()
+def normed_states_from_logits(lm: LM, logits: Tensor, logprobs: bool = False) -> Tensor:
+    """Recover norm(h_L) [T, d] from the logits (or log-softmax) [T, V] of every position.
+
+    Undoes soft-capping (atanh) and the head's bias, then solves W x = z by least squares in
+    float64 (W [V, d] must have full column rank: V ≥ d). Log-probabilities are z minus an unknown
+    per-position constant: centring both sides over the vocabulary removes it. Exact up to the
+    rounding of the file amplified by W's conditioning (see `logits_eps`).
+    """
+    V = lm.model.get_output_embeddings().weight.shape[0]
+    if logits.shape[-1] != V:
+        raise ModelError(f"logits have {logits.shape[-1]} entries per position, the model's head has {V}: a "
+                         "truncated vocabulary or top-k logits cannot be inverted exactly (all V logits needed)")
+    head = lm.model.get_output_embeddings()
+    W = head.weight.double().cpu()  # [V, d]
+    z = logits.double().cpu()
+    cap = logit_softcap(lm)
+    if cap is not None:
+        if (z.abs() >= cap).any():
+            raise ModelError(f"logits reach the soft-cap ±{cap}: tanh is saturated, the pre-cap logits are lost")
+        z = cap * torch.atanh(z / cap)
+    if getattr(head, "bias", None) is not None:
+        z = z - head.bias.double().cpu()
+    if logprobs:
+        W, z = W - W.mean(0), z - z.mean(-1, keepdim=True)
+    gram = W.T @ W
+    x = torch.linalg.solve(gram, W.T @ z.T).T  # [T, d]
+    return x.to(device=lm.device, dtype=lm.dtype)
+
+
+def logits_eps(lm: LM, file_error: float) -> float:
+    """ε for states recovered from logits whose relative rounding is `file_error` (a dtype's unit
+    roundoff, or a storage format's bound): the recomputation tolerance plus that error amplified by
+    cond(W) (a least-squares solution moves by ≤ cond(W)·error relatively)."""
+    from ..invert.verify import EPS_FLOAT32
+
+    s = torch.linalg.svdvals(lm.model.get_output_embeddings().weight.double().cpu())
+    return EPS_FLOAT32 + float(s[0] / s[-1]) * file_error
+
+
+def random_projection(d: int, k: int, kind: str = "gaussian", seed: int = 0, states: Tensor | None = None) -> Tensor:
+    """A projection [k, d]: gaussian (N(0, 1/k) entries), coords (k distinct coordinates, seeded), or
+    pca (top-k principal directions of `states` [N, d], which must be given)."""
+    if not 1 <= k <= d:
+        raise ModelError(f"projection size k={k} must be in 1..d={d}")
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "gaussian":
+        return torch.randn(k, d, generator=gen) / k ** 0.5
+    if kind == "coords":
+        return torch.eye(d)[torch.randperm(d, generator=gen)[:k].sort().values]
+    if kind == "pca":
+        if states is None:
+            raise ModelError("a PCA projection needs states to fit on")
+        x = states.double().reshape(-1, d)
+        _, _, vh = torch.linalg.svd(x - x.mean(0), full_matrices=False)
+        if vh.shape[0] < k:
+            raise ModelError(f"PCA on {x.shape[0]} states gives at most {vh.shape[0]} directions, asked for {k}")
+        return vh[:k].float()
+    raise ModelError(f"projection kind must be gaussian, coords or pca, got {kind!r}")

@@ -1,0 +1,90 @@
+"""Surfaces as taps: observations equal what plain transformers computes, and invert exactly."""
+import pytest
+import torch
+
+from sipit.invert import InvertConfig, invert
+from sipit.models import ModelError
+from sipit.models.surfaces import (KVTap, ProjectedTap, StatesTap, kv_observation, logits_eps, logits_tap,
+                                   normed_states_from_logits, random_projection)
+
+EXHAUSTIVE = InvertConfig(policy="exhaustive")
+
+
+def ids_of(lm, n=2, T=9, seed=0):
+    return torch.randint(0, lm.vocab_size, (n, T), generator=torch.Generator().manual_seed(seed))
+
+
+def assert_exact(lm, observations, tap, ids, eps=None):
+    config = InvertConfig(policy="exhaustive", eps=eps)
+    r = invert(lm, observations, tap.layer, config, tap=tap, progress=False, true_ids=ids.tolist())
+    assert [p.ids for p in r.prompts] == ids.tolist() and all(p.exact for p in r.prompts)
+
+
+@pytest.mark.parametrize("part", ["keys", "values", "both"])
+def test_kv_tap_is_hf_cache_and_inverts(tiny_lm, part):
+    ids = ids_of(tiny_lm)
+    cache = tiny_lm.model(input_ids=ids, use_cache=True).past_key_values
+    for layer in (1, tiny_lm.n_layers):
+        tap = KVTap(tiny_lm, layer, part)
+        hf = kv_observation(cache.layers[layer - 1].keys, cache.layers[layer - 1].values, part)
+        assert hf.shape[-1] == tap.dim and tap.key == f"kv:{part}:L{layer}"
+        assert torch.allclose(tap.states(ids), hf, atol=1e-5)
+        assert_exact(tiny_lm, hf, tap, ids)
+
+
+def test_kv_tap_extend_matches_full_forward(tiny_lm):
+    ids = ids_of(tiny_lm, 1, 7)[0]
+    tap = KVTap(tiny_lm, 2, "keys")
+    full = tap.states(ids[None])[0]
+    prefix = tap.prefill(ids[:4])
+    ext, grown = tap.extend(prefix, ids[None, 4:], keep=True)
+    assert torch.allclose(ext[0], full[4:], atol=1e-5)
+    assert torch.allclose(tap.extend(grown(0, 2), ids[6:7]), full[6:7], atol=1e-5)
+
+
+def test_kv_layer_zero_and_bad_part(tiny_lm):
+    with pytest.raises(ModelError, match="layer ℓ ≥ 1"):
+        KVTap(tiny_lm, 0)
+    with pytest.raises(ModelError, match="KV part"):
+        KVTap(tiny_lm, 1, "queries")
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "coords", "pca"])
+def test_projection_inverts_and_wrong_projection_fails(tiny_lm, kind):
+    ids = ids_of(tiny_lm)
+    states = StatesTap(tiny_lm, 2).states(ids)
+    P = random_projection(tiny_lm.d_model, 16, kind, seed=1, states=states)
+    tap = ProjectedTap(tiny_lm, 2, P)
+    assert tap.dim == 16 and tap.key.startswith("projection:16x")
+    assert_exact(tiny_lm, states @ P.T, tap, ids)
+    wrong = ProjectedTap(tiny_lm, 2, random_projection(tiny_lm.d_model, 16, "gaussian", seed=2))
+    r = invert(tiny_lm, states @ P.T, 2, EXHAUSTIVE, tap=wrong, progress=False)
+    assert all(p.status == "failed" for p in r.prompts)
+
+
+def test_projection_shape_checked(tiny_lm):
+    with pytest.raises(ModelError, match="projection must be"):
+        ProjectedTap(tiny_lm, 1, torch.randn(4, tiny_lm.d_model + 1))
+
+
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_logits_recover_normed_states_and_invert(tiny_lm, logprobs):
+    ids = ids_of(tiny_lm)
+    out = tiny_lm.model(input_ids=ids, output_hidden_states=True)
+    z = torch.log_softmax(out.logits, -1) if logprobs else out.logits
+    x = torch.stack([normed_states_from_logits(tiny_lm, zi, logprobs) for zi in z])
+    assert torch.allclose(x, out.hidden_states[-1], atol=1e-4)  # HF's last entry is after the final norm
+    eps = logits_eps(tiny_lm, 2.0 ** -24)
+    assert_exact(tiny_lm, x, logits_tap(tiny_lm), ids, eps)
+
+
+def test_logits_soft_cap_and_truncated_vocabulary(tiny_lm, monkeypatch):
+    ids = ids_of(tiny_lm, 1)
+    out = tiny_lm.model(input_ids=ids, output_hidden_states=True)
+    monkeypatch.setattr(tiny_lm.model.config, "final_logit_softcapping", 30.0, raising=False)
+    capped = 30.0 * torch.tanh(out.logits[0] / 30.0)  # what Gemma-2/3's forward returns
+    assert torch.allclose(normed_states_from_logits(tiny_lm, capped), out.hidden_states[-1][0], atol=1e-4)
+    with pytest.raises(ModelError, match="truncated vocabulary or top-k"):
+        normed_states_from_logits(tiny_lm, out.logits[0, :, :100])
+    with pytest.raises(ModelError, match="saturated"):
+        normed_states_from_logits(tiny_lm, torch.full_like(capped, 30.0))

@@ -1,0 +1,114 @@
+"""`sipit capture` for every surface and prompt source, `sipit invert` on its files, one clear error per bad input."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from sipit.capture import SurfaceSpec
+from sipit.cli import main
+from sipit.io import SipitError
+from sipit.states import load_states
+
+IDS = "5 17 200 3 99 42 7 1\n9,10, 11,12,13\n"
+
+
+def capture(tmp_path, *args, model="tiny-llama", name="s.safetensors"):
+    ids = tmp_path / "ids.txt"
+    ids.write_text(IDS)
+    out = tmp_path / name
+    assert main(["--threads", "1", "capture", "--model", model, "--ids", str(ids), "-o", str(out), *args]) == 0
+    return out
+
+
+def invert(path, capsys, *args):
+    code = main(["--threads", "1", "invert", str(path), "--policy", "exhaustive", "-q", *args])
+    return code, capsys.readouterr()
+
+
+@pytest.mark.parametrize("surface,layer,storage", [
+    ("kv:keys", "1", "fp32"), ("kv:values", "-1", "fp32"), ("kv", "2", "int8-row"), ("logits", None, "fp32"),
+    ("logprobs", None, "fp32"), ("projection:8", "2", "fp32"), ("projection:6:coords", "1", "fp32"),
+    ("projection:10:pca", "-1", "fp16"), ("states", "2", "fp8"), ("states", "3", "int8"), ("states", "2", "bf16"),
+])
+def test_every_surface_round_trips_exactly(tmp_path, capsys, surface, layer, storage):
+    out = capture(tmp_path, "--surface", surface, "--storage", storage, *(["--layer", layer] if layer else []))
+    st = load_states(out)
+    assert st.surface == surface.split(":")[0] and st.ids == [[5, 17, 200, 3, 99, 42, 7, 1], [9, 10, 11, 12, 13]]
+    assert (st.eps is not None) == (storage != "fp32")
+    code, io = invert(out, capsys)
+    assert code == 0 and io.out.count("-> exact") == 2, io.out
+
+
+def test_corpus_and_ids_sources(tmp_path):
+    out = tmp_path / "c.safetensors"
+    assert main(["capture", "--model", "tiny-gpt2", "--layer", "1", "--corpus", "random:3", "--length", "6", "-o", str(out)]) == 0
+    st = load_states(out)
+    assert len(st.ids) == 3 and all(len(i) == 6 for i in st.ids)
+    out = capture(tmp_path, "--layer", "1")
+    assert load_states(out).ids[1] == [9, 10, 11, 12, 13]
+
+
+@pytest.mark.parametrize("text,msg", [("1 2 x\n", "expected token ids"), ("1 2 999\n", "expected token ids"),
+                                      ("\n\n", "no id lists")])
+def test_bad_ids_file(tmp_path, capsys, text, msg):
+    f = tmp_path / "ids.txt"
+    f.write_text(text)
+    assert main(["capture", "--model", "tiny-llama", "--layer", "1", "--ids", str(f), "-o", str(tmp_path / "o.safetensors")]) == 2
+    assert msg in capsys.readouterr().err and not (tmp_path / "o.safetensors").exists()
+
+
+@pytest.mark.parametrize("spec", ["kv:queries", "projection", "projection:x", "projection:4:svd", "hidden"])
+def test_bad_surface_spec(spec):
+    with pytest.raises(SipitError, match="bad --surface"):
+        SurfaceSpec.parse(spec)
+
+
+def test_capture_errors(tmp_path, capsys):
+    out = tmp_path / "o.safetensors"
+    for args, msg in [(["--surface", "kv", "--layer", "0"], "layer ℓ ≥ 1"), (["--surface", "kv"], "needs --layer"),
+                      (["--surface", "projection:999", "--layer", "1"], "projection size")]:
+        assert main(["capture", "--model", "tiny-llama", "--text", "ab", "-o", str(out), *args]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1 and not out.exists()
+
+
+def rewrite(path, drop=(), **tensors):
+    """Rewrite a captured file with some tensors replaced or dropped, keeping the metadata."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    data = {k: v for k, v in load_file(path).items() if k not in drop}
+    save_file({**data, **tensors}, path, metadata=meta)
+
+
+def test_bad_surface_files_fail_clearly(tmp_path, capsys):
+    kv = capture(tmp_path, "--surface", "kv:keys", "--layer", "2", name="kv.safetensors")
+    keys = load_file(kv)["keys"]  # [B, H, T, hd]
+    B, H, T, hd = keys.shape
+    rewrite(kv, keys=keys.reshape(B, 2 * H, T, hd // 2))  # heads of another model
+    kv_t = capture(tmp_path, "--surface", "kv:keys", "--layer", "2", name="kvt.safetensors")
+    rewrite(kv_t, keys=keys.transpose(1, 2).contiguous())  # [B, T, H, hd]: not HF's layout
+    proj = capture(tmp_path, "--surface", "projection:8", "--layer", "2", name="p.safetensors")
+    rewrite(proj, drop=("projection",))
+    logits = capture(tmp_path, "--surface", "logits", name="l.safetensors")
+    rewrite(logits, logits=load_file(logits)["logits"][..., :200].contiguous())  # truncated vocabulary
+    for path, msg in [(kv, "wrong model or layout"), (kv_t, "HF's layout"), (proj, "without the projection matrix"),
+                      (logits, "truncated vocabulary")]:
+        code, io = invert(path, capsys)
+        assert code == 2 and msg in io.err and io.err.count("\n") == 1 and "recovered" not in io.out
+
+
+def test_wrong_layer_is_an_honest_failure(tmp_path, capsys):
+    kv = capture(tmp_path, "--surface", "kv:values", "--layer", "2")
+    code, io = invert(kv, capsys, "--layer", "3")
+    assert code == 1 and "[0] recovered" not in io.out and "[0] FAILED" in io.out
+    summary = json.loads(kv.with_suffix(".results.summary.json").read_text())
+    assert summary["failed"] == 2
+
+
+def test_baselines_refuse_non_state_surfaces(tmp_path, capsys):
+    kv = capture(tmp_path, "--surface", "kv:keys", "--layer", "1")
+    code, io = invert(kv, capsys, "--policy", "bruteforce")
+    assert code == 2 and "inverts states only" in io.err and "recovered" not in io.out
