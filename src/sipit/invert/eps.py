@@ -76,7 +76,9 @@ def measure_noise(tap, batch_size: int = 256) -> list[float]:
                 noise[t] = max(float(noise[t]), float(rel_distance(h[j], ref[t])))
     # position 1 on a cached position 0 depends strongly on the token there (SmolLM2 layer 30: 3e-5
     # after "The" vs 3e-6 after random ids): measure it after many common first tokens
-    text = torch.tensor(lm.encode(SINK_TEXT), device=lm.device)
+    text = torch.tensor(lm.encode(SINK_TEXT)) if lm.tokenizer is not None else \
+        torch.randint(lm.vocab_size, (4 * SINK_TOKENS,), generator=g)  # ids-only models: random first tokens
+    text = text.to(lm.device)
     first_at: dict[int, int] = {}
     for i in range(len(text) - 1):
         first_at.setdefault(int(text[i]), i)

@@ -40,12 +40,17 @@ def calibration_texts() -> list[str]:
 
 
 def calibration_ids(lm, n_tokens: int, seq_len: int = 64, random_fraction: float = 0.2, seed: int = 0) -> Tensor:
-    """Rows of seq_len ids: text spans of shuffled documents, then uniform random-id rows. [N, seq_len]"""
+    """Rows of seq_len ids: text spans of shuffled documents, then uniform random-id rows. [N, seq_len]
+
+    A model without a tokenizer (random:<arch>: ids in, ids out) has no text: all rows are random ids,
+    which is also what its prompts are."""
     rng = random.Random(seed)
-    texts = calibration_texts()
+    texts = calibration_texts() if lm.tokenizer is not None else []
     rng.shuffle(texts)
+    if not texts:
+        random_fraction = 1.0
     n_random = int(n_tokens * random_fraction) // seq_len
-    n_text = max(1, n_tokens // seq_len - n_random)
+    n_text = max(1, n_tokens // seq_len - n_random) if texts else 0
     rows, stream = [], []
     for text in texts:
         stream += lm.encode(text)
