@@ -10,8 +10,7 @@ from sipit.invert import GradientConfig, InversionError, InvertConfig, invert, r
 from sipit.invert.baselines import HardPromptsConfig
 from sipit.invert.policies import Exhaustive
 from sipit.invert.verify import DuplicateClasses
-from sipit.models import LayerTap, load_model
-from sipit.models import tiny_model
+from sipit.models import LayerTap, load_model, tiny_model
 
 torch.set_num_threads(1)
 
@@ -255,7 +254,7 @@ def test_certify_full_certifies_every_position(lm):
 
 def plant_near_duplicate(rel=1e-6):
     """tiny-llama whose token b's embedding row is token a's plus rel·‖row‖ of noise (not bit-identical)."""
-    lm = _tiny("tiny-llama")
+    lm = tiny_model("llama")
     a, b = lm.encode("a")[0], lm.encode("b")[0]
     with torch.no_grad():
         n = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(0))

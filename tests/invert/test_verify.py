@@ -7,7 +7,7 @@ from sipit.invert import InvertConfig, invert, rel_distance, tolerance
 from sipit.invert.eps import FACTOR, measure_noise, tolerance_for
 from sipit.invert.verify import DuplicateClasses, duplicate_classes, near_duplicates, near_neighbours
 from sipit.models import LayerTap
-from sipit.models.load import _tiny
+from sipit.models import tiny_model
 
 torch.set_num_threads(1)
 
@@ -34,17 +34,17 @@ def test_near_neighbours_finds_planted_rows_and_nothing_else():
 
 
 def test_caches_are_keyed_by_the_weights_fingerprint():
-    a, b = _tiny("tiny-llama"), _tiny("tiny-llama")
+    a, b = tiny_model("llama"), tiny_model("llama")
     x, y = a.encode("x")[0], a.encode("y")[0]
     with torch.no_grad():
         b.embed.weight[y] = b.embed.weight[x]
     assert duplicate_classes(a).members(y) == [y] and duplicate_classes(b).members(y) == [x, y]
-    assert duplicate_classes(_tiny("tiny-llama")) is duplicate_classes(a)  # same content, same classes
+    assert duplicate_classes(tiny_model("llama")) is duplicate_classes(a)  # same content, same classes
     assert near_duplicates(b).get(y) is None  # identical rows are a class, not near neighbours
 
 
 def test_measured_noise_per_position_bounds_the_loops_recomputation():
-    lm = _tiny("tiny-llama")
+    lm = tiny_model("llama")
     tap = LayerTap(lm, 3)
     noise = measure_noise(tap, batch_size=64)
     assert len(noise) == 24 and max(noise) < 1e-5

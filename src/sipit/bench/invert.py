@@ -28,8 +28,10 @@ import torch
 
 from ..invert import InvertConfig, SipIt
 from ..invert.eps import tolerance_for
-from ..invert.learned.data import calibration_ids, stdlib_files
+from ..invert.learned.data import calibration_ids, random_ids, stdlib_files
 from ..models import LayerTap, load_model
+
+TAKES_DEVICE = True  # `sipit bench invert --device cuda` passes the device on
 
 def code_prompts(lm, n: int, length: int, seed: int) -> list[list[int]]:
     """Spans of stdlib source from files the learned policy does not calibrate on."""
@@ -54,6 +56,8 @@ def prompts(lm, kinds: list[str], n: int, length: int, seed: int) -> list[tuple[
     for kind in kinds:
         if kind == "code":
             out += [("code", p) for p in code_prompts(lm, n, length, seed)]
+        elif kind == "random" and lm.tokenizer is None:  # ids-only models (random:<arch>)
+            out += [("random", p) for p in random_ids(lm.vocab_size, n, length, seed).tolist()]
         else:
             out += [(kind, p.ids) for p in sample(f"{kind}:{n}", lm.tokenizer, length, seed=seed)]
     return out
@@ -69,11 +73,18 @@ def leaked(prompt_ids: list[list[int]], calib: torch.Tensor) -> int:
     return found
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _forward_seconds(tap, ids, repeats=3) -> float:
     times = []
     for _ in range(repeats):
+        _sync(ids.device)
         t = time.perf_counter()
         tap.states(ids[None])
+        _sync(ids.device)  # CUDA kernels run asynchronously: time until they are done
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 
@@ -90,6 +101,8 @@ class Config:
     certify: tuple[str, ...] = ("top:256",)  # certify modes timed with the fast policies on every prompt
     certify_full_prompts: int = 0  # also time certify="full" on this many prompts (minutes each on SmolLM2)
     threads: int = 2
+    device: str = "cpu"
+    precision: str = "fp32"
     seed: int = 1
     final_norm: bool = False
     progress: bool = False
@@ -154,13 +167,15 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V) -> dict:
 
 def run(cfg: Config) -> dict:
     torch.set_num_threads(cfg.threads)
-    lm = load_model(cfg.model)
+    top = max(cfg.layers) if cfg.layers and min(cfg.layers) >= 0 else None  # load only the blocks needed
+    lm = load_model(cfg.model, precision=cfg.precision, device=cfg.device, max_layer=top)
     V = lm.vocab_size
     layers = cfg.layers or [1, lm.n_layers // 2, lm.n_layers]
     data = prompts(lm, list(cfg.kinds), cfg.prompts, cfg.length, cfg.seed)
     out = dict(bench="invert", config=asdict(cfg), calibration_leaks=leaked(
         [p for _, p in data], calibration_ids(lm, InvertConfig().calibration_tokens)), layers={})
-    ids = torch.tensor([p for _, p in data])
+    out["device"] = torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else f"cpu, {cfg.threads} threads"
+    ids = torch.tensor([p for _, p in data], device=lm.device)
     for layer in layers:
         layer = lm.layer_index(layer)
         tap = LayerTap(lm, layer, final_norm=cfg.final_norm)
@@ -206,6 +221,8 @@ def main(argv=None):
     p.add_argument("--certify-full-prompts", type=int, default=d.certify_full_prompts)
     p.add_argument("--final-norm", action="store_true")
     p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--precision", default=d.precision)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--progress", action="store_true", help="a line per prompt on stdout before the JSON")
     a = p.parse_args(argv)
@@ -213,7 +230,7 @@ def main(argv=None):
                  policies=tuple(a.policies.split(",")), kinds=tuple(a.kinds.split(",")), prompts=a.prompts,
                  length=a.length, slow_positions=a.slow_positions,
                  certify=tuple(x for x in a.certify.split(",") if x), certify_full_prompts=a.certify_full_prompts,
-                 threads=a.threads, seed=a.seed, final_norm=a.final_norm, progress=a.progress)
+                 threads=a.threads, device=a.device, precision=a.precision, seed=a.seed, final_norm=a.final_norm, progress=a.progress)
     print(json.dumps(run(cfg), indent=2))
 
 
