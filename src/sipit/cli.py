@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .engines import add_engine_options
     from .models import PRECISIONS
 
-    p = argparse.ArgumentParser(prog="sipit", description="Invert language-model hidden states and test injectivity.")
+    p = argparse.ArgumentParser(prog="sipit", allow_abbrev=False, description="Invert language-model hidden states and test injectivity.")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     sub = p.add_subparsers(dest="command", required=True)
@@ -388,6 +388,7 @@ def _threads_after_command(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for s in action.choices.values():
+                s.allow_abbrev = False  # `bench pairwise --d 4096` must not be read as --device
                 if "--threads" not in s._option_string_actions:
                     s.add_argument("--threads", type=int, default=argparse.SUPPRESS, help="torch threads (default 2)")
                 if "--device" not in s._option_string_actions:

@@ -24,7 +24,7 @@ class LinearRanker:
         self.cal, self.lm, self.final_norm = cal, tap.lm, getattr(tap, "final_norm", False)
         self.screen_top = screen_top
         self.table_err = STORE_ERR[cal.table.dtype] + 1e-5  # storage rounding + batched-pass noise
-        self.unembed = self.lm.unembedding_rows() if cal.has_prior else None
+        self.unembed = self.lm.unembedding_rows().float() if cal.has_prior else None
         self.t_proj_sq = (cal.t_proj.double() ** 2).sum(1)  # [V]
         self.gain = cal.gain
 
