@@ -6,8 +6,7 @@ import torch
 from sipit.invert import InvertConfig, invert, rel_distance, tolerance
 from sipit.invert.eps import FACTOR, measure_noise, tolerance_for
 from sipit.invert.verify import DuplicateClasses, duplicate_classes, near_duplicates, near_neighbours
-from sipit.models import LayerTap
-from sipit.models import tiny_model
+from sipit.models import LayerTap, load_model, tiny_model
 
 torch.set_num_threads(1)
 
@@ -61,3 +60,13 @@ def test_measured_noise_per_position_bounds_the_loops_recomputation():
     worst = s["max_accepted_distance"]
     assert 0 <= worst <= tol.eps
     assert s["eps_headroom"] == (round(tol.eps / worst, 2) if worst else None)  # None: bit-exact recomputation
+
+
+def test_bf16_model_eps_comes_from_measured_noise_and_inversion_is_exact():
+    """A bf16 model's ε is FACTOR × its measured noise, not FACTOR × 16 bf16 ulps (≈ 3, which would
+    accept any token): the GPU run of random:llama-3.1-8b in bf16 found every prompt ambiguous that way."""
+    lm = load_model("tiny-llama", precision="bf16")
+    ids = torch.randint(0, lm.vocab_size, (10,), generator=torch.Generator().manual_seed(1))
+    res = invert(lm, LayerTap(lm, 3).states(ids), 3, InvertConfig(policy="exhaustive"), progress=False,
+                 true_ids=[ids.tolist()])
+    assert res.eps < 0.5 and res.prompts[0].exact and res.prompts[0].status == "ok"

@@ -7,7 +7,7 @@ random-id calibration prompts, every path is compared with one single full forwa
 (one norm over a whole [T, d] tensor would be dominated by position 0's massive activation):
 
     noise_t = max over paths and prompts of ‖h_t(path) − h_t(full)‖ / ‖h_t(full)‖
-    ε       = tolerance(dtype, FACTOR × max(max_t noise_t, FLOOR_ULPS × u_model))  (+ the dtype rounding)
+    ε       = tolerance(dtype, FACTOR × max(max_t noise_t, FLOOR_ULPS × u_fp32))  (+ the dtype rounding)
 
 Measured once per (weights fingerprint, tap key, dtype, device, batch size) and cached on disk.
 """
@@ -22,7 +22,7 @@ from ..io import write_json
 from ..models.load import cache_dir
 from .verify import UNIT_ROUNDOFF, rel_distance, tolerance
 
-VERSION = 2
+VERSION = 2  # of the cached noise profile
 FACTOR = 50.0  # ε = FACTOR × the largest measured noise: headroom for paths and prompts not measured
 #                (SmolLM2 layer 30: position 1 after " proof" showed 3.3e-5 where the calibration measured 4.3e-6)
 N_PROMPTS, LENGTH = 2, 24  # calibration prompts (seeded uniform random ids)
@@ -30,8 +30,9 @@ SINK_TEXT = ("The committee said on Monday that it would publish its findings. I
              "def main(args):\n    return [x for x in args if x]\n# TODO: fix this\nimport os, sys\n"
              "Yes! No? Maybe... 42 + 7 = 49. <html><body>Hello, world.</body></html> Once upon a time")
 SINK_TOKENS = 24  # position 1 right after each of these position-0 tokens (the attention sink) is measured
-FLOOR_ULPS = 16  # noise is at least this many unit roundoffs of the model's dtype (a path may be bit-exact
-#                  on the calibration prompts and not on others)
+FLOOR_ULPS = 16  # noise is at least this many float32 unit roundoffs (a path may be bit-exact on the
+#                  calibration prompts and not on others); in float32 units whatever the model's dtype, since
+#                  16 bf16 ulps × FACTOR would exceed the distance between random vectors (ε ≈ 3)
 
 
 @dataclass
@@ -114,7 +115,7 @@ def tolerance_for(tap, dtypes, eps: float | None = None, batch_size: int = 256) 
     if eps is not None:
         return Tolerance(eps=eps, noise=None, noise_per_position=None, factor=None, dtype_roundoff=u, source="given")
     per_position = noise_profile(tap, batch_size)
-    noise = max(max(per_position), FLOOR_ULPS * UNIT_ROUNDOFF.get(tap.lm.dtype, 2.0 ** -8))
+    noise = max(max(per_position), FLOOR_ULPS * UNIT_ROUNDOFF[torch.float32])
     coarsest = max(dtypes, key=lambda dt: UNIT_ROUNDOFF.get(dt, 2.0 ** -8))
     return Tolerance(eps=tolerance(coarsest, FACTOR * noise), noise=noise, noise_per_position=per_position,
                      factor=FACTOR, dtype_roundoff=u, source="measured")
