@@ -36,7 +36,7 @@ class Learned(Policy):
     def observe(self, t, ids, states):
         seen = self.anchors.setdefault(t, [])
         if sum(len(i) for i, _ in seen) < self.learned.max_anchors:  # the fit saturates long before; bounds memory
-            seen.append((ids, states.to(torch.float32, copy=True)))
+            seen.append((ids.to(self.target.device), states.to(self.target.device, torch.float32, copy=True)))
 
     def candidates(self, t, prefix):
         if t == 0:  # table distances: exact for the screened few, lower bounds for the rest
@@ -49,7 +49,7 @@ class Learned(Policy):
     def _anchors(self, t):
         seen = self.anchors.get(t, [])
         if not seen:
-            return torch.zeros(0, dtype=torch.long), self.target.new_zeros(0, self.target.shape[1])
+            return torch.zeros(0, dtype=torch.long, device=self.target.device), self.target.new_zeros(0, self.target.shape[1])
         return torch.cat([i for i, _ in seen]), torch.cat([h for _, h in seen])
 
     def lower_bounds(self, t):
