@@ -9,6 +9,8 @@ random-id calibration prompts, every path is compared with one single full forwa
     noise_t = max over paths and prompts of ‖h_t(path) − h_t(full)‖ / ‖h_t(full)‖
     ε       = tolerance(dtype, FACTOR × max(max_t noise_t, FLOOR_ULPS × u_fp32))  (+ the dtype rounding)
 
+with FACTOR = 50 for float32/64 models and 4 for bf16/fp16 ones.
+
 Measured once per (weights fingerprint, tap key, dtype, device, batch size) and cached on disk.
 """
 from __future__ import annotations
@@ -25,6 +27,9 @@ from .verify import UNIT_ROUNDOFF, rel_distance, tolerance
 VERSION = 2  # of the cached noise profile
 FACTOR = 50.0  # ε = FACTOR × the largest measured noise: headroom for paths and prompts not measured
 #                (SmolLM2 layer 30: position 1 after " proof" showed 3.3e-5 where the calibration measured 4.3e-6)
+HALF_FACTOR = 4.0  # the same for bf16/fp16 models, whose rounding dominates every path alike: random:llama-3.1-8b
+#                    bf16 on an H100 measured 3.4e-2 at layer 16, and 50× that (1.7) exceeds the distance between
+#                    unrelated states (≈ 1.4), so every token would pass
 N_PROMPTS, LENGTH = 2, 24  # calibration prompts (seeded uniform random ids)
 SINK_TEXT = ("The committee said on Monday that it would publish its findings. In 1998, she moved to Paris; "
              "def main(args):\n    return [x for x in args if x]\n# TODO: fix this\nimport os, sys\n"
@@ -117,5 +122,6 @@ def tolerance_for(tap, dtypes, eps: float | None = None, batch_size: int = 256) 
     per_position = noise_profile(tap, batch_size)
     noise = max(max(per_position), FLOOR_ULPS * UNIT_ROUNDOFF[torch.float32])
     coarsest = max(dtypes, key=lambda dt: UNIT_ROUNDOFF.get(dt, 2.0 ** -8))
-    return Tolerance(eps=tolerance(coarsest, FACTOR * noise), noise=noise, noise_per_position=per_position,
-                     factor=FACTOR, dtype_roundoff=u, source="measured")
+    factor = HALF_FACTOR if tap.lm.dtype in (torch.bfloat16, torch.float16) else FACTOR
+    return Tolerance(eps=tolerance(coarsest, factor * noise), noise=noise, noise_per_position=per_position,
+                     factor=factor, dtype_roundoff=u, source="measured")
