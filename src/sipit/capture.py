@@ -104,7 +104,8 @@ def open_surface(lm: LM, st, layer: int, final_norm: bool):
 
     ε None means: from the observations' dtype (verify.tolerance)."""
     from .invert.verify import UNIT_ROUNDOFF
-    from .models.surfaces import KVTap, ProjectedTap, StatesTap, logits_eps, logits_tap, normed_states_from_logits
+    from .models import LayerTap
+    from .models.surfaces import KVTap, ProjectedTap, logits_eps, logits_tap, normed_states_from_logits
 
     prompts = [p.to(lm.device) for p in st.prompts]
     if st.surface == "kv":
@@ -123,4 +124,4 @@ def open_surface(lm: LM, st, layer: int, final_norm: bool):
     if st.meta.get("centred") == "true":  # TransformerLens' default processing: compare after centring
         d = lm.d_model
         return ProjectedTap(lm, layer, torch.eye(d) - 1.0 / d, final_norm), prompts, st.eps
-    return StatesTap(lm, layer, final_norm), prompts, st.eps
+    return LayerTap(lm, layer, final_norm), prompts, st.eps

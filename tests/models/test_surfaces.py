@@ -4,7 +4,8 @@ import torch
 
 from sipit.invert import InvertConfig, invert
 from sipit.models import ModelError
-from sipit.models.surfaces import (KVTap, ProjectedTap, StatesTap, kv_observation, logits_eps, logits_tap,
+from sipit.models import LayerTap
+from sipit.models.surfaces import (KVTap, ProjectedTap, kv_observation, logits_eps, logits_tap,
                                    normed_states_from_logits, random_projection)
 
 EXHAUSTIVE = InvertConfig(policy="exhaustive")
@@ -52,7 +53,7 @@ def test_kv_layer_zero_and_bad_part(tiny_lm):
 @pytest.mark.parametrize("kind", ["gaussian", "coords", "pca"])
 def test_projection_inverts_and_wrong_projection_fails(tiny_lm, kind):
     ids = ids_of(tiny_lm)
-    states = StatesTap(tiny_lm, 2).states(ids)
+    states = LayerTap(tiny_lm, 2).states(ids)
     P = random_projection(tiny_lm.d_model, 16, kind, seed=1, states=states)
     tap = ProjectedTap(tiny_lm, 2, P)
     assert tap.dim == 16 and tap.key.startswith("projection:16x")

@@ -21,7 +21,7 @@ import torch
 
 from . import parse_config
 from ..collisions import pairwise
-from ..collisions.common import capture_states, run_batches
+from ..collisions.common import capture_states
 from ..engines import LocalEngine, ModelRef, RayEngine
 from ..models import load_model
 

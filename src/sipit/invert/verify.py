@@ -101,8 +101,11 @@ def near_neighbours(embeddings: Tensor, dups: DuplicateClasses, rel: float = NEA
     of ±radius, so each block of rows is compared only with its window, in float64; survivors are
     checked exactly. embeddings [V, d]; ~V × (mean window) work, a few seconds for V = 49,152.
     """
-    E = embeddings.detach().double().cpu()
-    radius = rel * E.norm(dim=1)  # [V] relative to each token's own row
+    # one row per duplicate class: Gemma-3 has classes of thousands of identical rows, whose pairs
+    # (all inside one class, never near-duplicates) would otherwise fill the screen (100+ GB)
+    reps = dups.rep.unique()  # [R] token ids
+    E = embeddings.detach().double().cpu()[reps]
+    radius = rel * E.norm(dim=1)  # [R] relative to each token's own row
     E = E - E.mean(0)  # distances unchanged
     basis = torch.linalg.svd(E[:: max(1, len(E) // 4096)], full_matrices=False)[2][:32].T  # [d, k] orthonormal
     P = E @ basis  # [V, k]
@@ -115,16 +118,21 @@ def near_neighbours(embeddings: Tensor, dups: DuplicateClasses, rel: float = NEA
         rows = slice(start, start + 512)
         a0, b0 = int(lo[rows].min()), int(hi[rows].max())
         i, j = (torch.cdist(Ps[rows], Ps[a0:b0]) <= rs[rows, None]).nonzero().unbind(1)
-        pairs.append(torch.stack([order[start + i], order[a0 + j]], 1))
-    a, b = torch.cat(pairs).unbind(1)
-    keep = dups.rep[a] != dups.rep[b]  # also drops a == b
-    a, b = a[keep], b[keep]
-    dist = (E[a] - E[b]).norm(dim=1)
-    near = dist <= radius[a]
+        a, b = order[start + i], order[a0 + j]
+        for c in range(0, len(a), 1 << 16):  # exact check of the survivors, in chunks (Gemma: 2·10⁷ of them)
+            ac, bc = a[c:c + (1 << 16)], b[c:c + (1 << 16)]
+            dist = (E[ac] - E[bc]).norm(dim=1)
+            near = (dist <= radius[ac]) & (ac != bc)
+            pairs.append((ac[near], bc[near], dist[near]))
+    a, b, dist = (torch.cat(x) for x in zip(*pairs))
     out: dict[int, list] = {}
-    for u, v, dv in zip(a[near].tolist(), b[near].tolist(), dist[near].tolist()):
+    for u, v, dv in zip(reps[a].tolist(), reps[b].tolist(), dist.tolist()):
         out.setdefault(u, []).append((dv, v))
-    return {u: [v for _, v in sorted(vs)[:k_max]] for u, vs in out.items()}
+    out = {u: [v for _, v in sorted(vs)[:k_max]] for u, vs in out.items()}
+    for u, r in enumerate(dups.rep.tolist()):  # a class's other members share its representative's list
+        if u != r and r in out:
+            out[u] = out[r]
+    return out
 
 
 _CACHE: dict[tuple[str, str], object] = {}

@@ -6,7 +6,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-import torch
 from torch import Tensor
 
 from sipit.collisions.pairwise import min_pairwise

@@ -6,14 +6,14 @@ string naming what is observed, the cache key of anything fitted on it). SipIt c
 candidate's observation with the leaked one exactly as it compares states; it never learns which
 surface it runs on.
 
-- StatesTap:    the states themselves (g = identity), optionally after the final norm.
+- LayerTap:     the states themselves (g = identity), optionally after the final norm (tap.py).
 - KVTap:        block ℓ's KV cache as HF stores it (keys after rotary, values; GQA heads), computed
                 by stopping the forward right after block ℓ's attention wrote its cache: blocks
                 above ℓ and block ℓ's MLP never run.
 - ProjectedTap: states @ Pᵀ for a known projection P [k, d].
 - logits:       logits = softcap(W·norm(h_L) + b) with W [V, d] of full column rank determine
                 norm(h_L); `normed_states_from_logits` recovers them once per file (least squares in
-                float64) and the surface is StatesTap(L, final_norm=True) with its own ε.
+                float64) and the surface is LayerTap(L, final_norm=True) with its own ε.
 """
 from __future__ import annotations
 
@@ -26,21 +26,6 @@ from .load import LM, ModelError
 from .tap import LayerTap, _Stop
 
 KV_PARTS = ("keys", "values", "both")
-
-
-class StatesTap(LayerTap):
-    """The identity surface: states at `layer` (after the final norm if asked). Its key is the one
-    LayerTap gets in wave 2 (one calibration cache entry per observed thing)."""
-
-    plain_states = True  # a ranker may read the LM head off these observations
-
-    @property
-    def dim(self) -> int:
-        return self.lm.d_model
-
-    @property
-    def key(self) -> str:
-        return f"L{self.layer}" + ("n" if self.final_norm else "")
 
 
 class ProjectedTap(LayerTap):
@@ -170,9 +155,9 @@ def logit_softcap(lm: LM) -> float | None:
     return float(cap) if cap else None
 
 
-def logits_tap(lm: LM) -> StatesTap:
+def logits_tap(lm: LM) -> LayerTap:
     """The tap a logits surface is compared through: the final-normed states at layer L."""
-    return StatesTap(lm, lm.n_layers, final_norm=True)
+    return LayerTap(lm, lm.n_layers, final_norm=True)
 
 
 @torch.no_grad()

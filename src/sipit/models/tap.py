@@ -140,6 +140,8 @@ class LayerTap:
         self.layer = lm.layer_index(layer)
         self.final_norm = final_norm
 
+    plain_states = True  # observes the residual stream itself: a ranker may read the LM head off it
+
     @property
     def dim(self) -> int:
         """Size of one observed vector (what SipIt compares): the model width for raw states."""
