@@ -143,7 +143,6 @@ def test_out_of_memory_halves_the_block(monkeypatch):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_equals_cpu():
     x = hidden_like(5000, 576, seed=4)
     x[4000] = x[17]

@@ -34,13 +34,9 @@ def plot_tradeoff(report: dict, layer: int, path: Path) -> Path:
                             fontsize=7, color=color)
     ax.set_xlim(-0.03, 1.03)
     ax.set_ylim(-0.05, 1.05)
-    ax.set_xlabel("utility cost: share of next-token predictions changed (1 − top-1 agreement)")
-    ax.set_ylabel("exact prompt recovery rate")
-    ax.set_title(f"{report['model']} layer {layer}: privacy vs utility")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return _save(plt, fig, path)
+    return _finish(plt, fig, ax, path, f"{report['model']} layer {layer}: privacy vs utility",
+                   "utility cost: share of next-token predictions changed (1 − top-1 agreement)",
+                   "exact prompt recovery rate")
 
 
 def plot_margins(report: dict, path: Path) -> Path:
@@ -54,9 +50,15 @@ def plot_margins(report: dict, path: Path) -> Path:
                         label=f"layer {layer}")
         ax.axhline(max(m["radius_rel_min"], 1e-12), color=line.get_color(), ls=":", lw=1)
     ax.set_yscale("log")
-    ax.set_xlabel("fraction of positions")
-    ax.set_ylabel("relative margin Δ_t / ‖h_t‖ (dotted: radius ρ)")
-    ax.set_title(f"{report['model']}: margins of the attacked prompts")
+    return _finish(plt, fig, ax, path, f"{report['model']}: margins of the attacked prompts",
+                   "fraction of positions", "relative margin Δ_t / ‖h_t‖ (dotted: radius ρ)")
+
+
+def _finish(plt, fig, ax, path: Path, title: str, xlabel: str, ylabel: str) -> Path:
+    """Labels, grid and legend of one audit plot, saved as PNG."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from . import sync
 from ..invert import InvertConfig, SipIt
 from ..invert.eps import tolerance_for
 from ..invert.learned.data import calibration_ids, random_ids, stdlib_files
@@ -73,18 +74,13 @@ def leaked(prompt_ids: list[list[int]], calib: torch.Tensor) -> int:
     return found
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _forward_seconds(tap, ids, repeats=3) -> float:
     times = []
     for _ in range(repeats):
-        _sync(ids.device)
+        sync(ids.device)
         t = time.perf_counter()
         tap.states(ids[None])
-        _sync(ids.device)  # CUDA kernels run asynchronously: time until they are done
+        sync(ids.device)  # CUDA kernels run asynchronously: time until they are done
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 

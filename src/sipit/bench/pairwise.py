@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sipit.bench import parse_config
+from sipit.bench import parse_config, sync
 from sipit.collisions.pairwise import fp32_highest, min_pairwise, tile_grid
 
 TAKES_DEVICE = True  # `sipit bench pairwise --device cuda` passes the device on
@@ -31,11 +31,6 @@ class Config:
     seed: int = 0
     repeats: int = 3
     device: str = "cpu"  # where the rows live: the engine and the GEMM baseline run there
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _gemm_tiles(x: torch.Tensor, block: int) -> int:
@@ -62,10 +57,10 @@ def run(cfg: Config) -> dict:
     for _ in range(cfg.repeats):  # interleaved, so background load hits both alike
         result = min_pairwise(x)
         engine.append(result.seconds)
-        _sync(dev)
+        sync(dev)
         t = time.perf_counter()
         gemm_flops = _gemm_tiles(x, result.block)
-        _sync(dev)
+        sync(dev)
         gemm.append(time.perf_counter() - t)
     n_pairs = n * (n - 1) // 2
     t_engine, t_gemm = statistics.median(engine), statistics.median(gemm)

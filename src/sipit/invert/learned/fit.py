@@ -174,7 +174,7 @@ def _lm_prior(cal: Calibration, tap, H_random: Tensor, cfg: LearnedConfig) -> No
 
 def observes_plain_states(tap) -> bool:
     """The LM prior reads the LM head off the observed state: only for plain residual-stream taps."""
-    return getattr(tap, "plain_states", type(tap) is LayerTap)
+    return getattr(tap, "plain_states", False)  # LayerTap: True; surfaces: False
 
 
 @torch.no_grad()
