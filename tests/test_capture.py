@@ -35,9 +35,12 @@ def test_every_surface_round_trips_exactly(tmp_path, capsys, surface, layer, sto
     out = capture(tmp_path, "--surface", surface, "--storage", storage, *(["--layer", layer] if layer else []))
     st = load_states(out)
     assert st.surface == surface.split(":")[0] and st.ids == [[5, 17, 200, 3, 99, 42, 7, 1], [9, 10, 11, 12, 13]]
-    assert (st.eps is not None) == (storage != "fp32")
+    assert (st.error is not None) == (storage != "fp32")
     code, io = invert(out, capsys)
     assert code == 0 and io.out.count("-> exact") == 2, io.out
+    tol = json.loads(out.with_suffix(".results.summary.json").read_text())["tolerance"]
+    assert tol["source"] == "measured" and tol["eps"] > tol["observation_error"]  # measured noise + the file's error
+    assert (tol["observation_error"] > 0) == (storage != "fp32" or surface in ("logits", "logprobs"))
 
 
 def test_corpus_and_ids_sources(tmp_path):

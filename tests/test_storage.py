@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from sipit.io import SipitError
-from sipit.storage import STORAGE, dequantize, quantize, storage_eps
+from sipit.storage import STORAGE, dequantize, quantize, storage_error
 
 
 @pytest.mark.parametrize("fmt", STORAGE)
@@ -13,12 +13,12 @@ def test_bound_holds(fmt):
     q = quantize(x, fmt)
     y, bound = dequantize(q["codes"], q.get("scale"), fmt)
     assert ((x - y).abs() <= bound * (1 + 1e-6) + 1e-30).all()
-    assert 0 < storage_eps(y, bound, 0.0) < 1
+    assert 0 < storage_error(y, bound) < 1
 
 
 def test_coarser_formats_give_larger_eps():
     x = torch.randn(20, 64)
-    eps = {f: storage_eps(*dequantize(q["codes"], q.get("scale"), f), 0.0) for f in STORAGE for q in [quantize(x, f)]}
+    eps = {f: storage_error(*dequantize(q["codes"], q.get("scale"), f)) for f in STORAGE for q in [quantize(x, f)]}
     assert eps["fp32"] < eps["fp16"] < eps["bf16"] < eps["int8-row"] <= eps["int8"]
 
 

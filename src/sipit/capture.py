@@ -100,12 +100,14 @@ def capture_surface(lm: LM, prompts: list[list[int]], spec: SurfaceSpec, layer: 
 
 
 def open_surface(lm: LM, st, layer: int, final_norm: bool):
-    """A loaded file (states.States) -> (tap, observations [T_i, tap.dim] per prompt, ε or None).
+    """A loaded file (states.States) -> (tap, observations [T_i, tap.dim] per prompt, error).
 
-    ε None means: from the observations' dtype (verify.tolerance)."""
+    error: the relative error the observations carry beyond recomputation (a storage format's
+    rounding; for logits, the rounding amplified by the least squares back to states), added to the
+    measured ε (InvertConfig.observation_error); 0.0 for plain float observations."""
     from .invert.verify import UNIT_ROUNDOFF
     from .models import LayerTap
-    from .models.surfaces import KVTap, ProjectedTap, logits_eps, logits_tap, normed_states_from_logits
+    from .models.surfaces import KVTap, ProjectedTap, logits_error, logits_tap, normed_states_from_logits
 
     prompts = [p.to(lm.device) for p in st.prompts]
     if st.surface == "kv":
@@ -114,14 +116,14 @@ def open_surface(lm: LM, st, layer: int, final_norm: bool):
             raise SipitError(f"the file's {st.part} have {st.kv_heads[0]} heads × {st.kv_heads[1]} per position, block "
                              f"{tap.layer} of {lm.name} caches {tap.heads[0]} × {tap.heads[1]}: wrong model or layout "
                              "(expected HF's [B, n_kv_heads, T, head_dim])")
-        return tap, prompts, st.eps
+        return tap, prompts, st.error or 0.0
     if st.surface in ("logits", "logprobs"):
-        error = st.eps if st.eps is not None else UNIT_ROUNDOFF.get(prompts[0].dtype, 2.0 ** -8)
+        error = st.error if st.error is not None else UNIT_ROUNDOFF.get(prompts[0].dtype, 2.0 ** -8)
         states = [normed_states_from_logits(lm, p, logprobs=st.surface == "logprobs") for p in prompts]
-        return logits_tap(lm), states, logits_eps(lm, error)
+        return logits_tap(lm), states, logits_error(lm, error)
     if st.surface == "projection":
-        return ProjectedTap(lm, layer, st.projection, final_norm), prompts, st.eps
+        return ProjectedTap(lm, layer, st.projection, final_norm), prompts, st.error or 0.0
     if st.meta.get("centred") == "true":  # TransformerLens' default processing: compare after centring
         d = lm.d_model
-        return ProjectedTap(lm, layer, torch.eye(d) - 1.0 / d, final_norm), prompts, st.eps
-    return LayerTap(lm, layer, final_norm), prompts, st.eps
+        return ProjectedTap(lm, layer, torch.eye(d) - 1.0 / d, final_norm), prompts, st.error or 0.0
+    return LayerTap(lm, layer, final_norm), prompts, st.error or 0.0

@@ -53,7 +53,7 @@ class States:
     part: str | None = None  # kv: keys | values | both
     kv_heads: tuple[int, int] | None = None  # kv: (n_kv_heads, head_dim) as stored
     projection: Tensor | None = None  # projection: P [k, d]
-    eps: float | None = None  # ε implied by a low-precision storage format (storage.py)
+    error: float | None = None  # relative rounding error of a low-precision storage format (storage.py)
 
     @property
     def d_model(self) -> int:
@@ -237,8 +237,7 @@ def _observations(path: Path, surface: str, tensors: dict, meta: dict):
 
 
 def _validate(path: Path, tensors: dict, meta: dict) -> States:
-    from .invert.verify import EPS_FLOAT32
-    from .storage import storage_eps
+    from .storage import storage_error
 
     surface = _surface(path, tensors, meta)
     x, bound, extra = _observations(path, surface, tensors, meta)
@@ -253,13 +252,12 @@ def _validate(path: Path, tensors: dict, meta: dict) -> States:
         raise StatesError(f"{path}: metadata 'lengths' {lengths} does not fit the observations {list(x.shape)}{hint}")
     if ids is not None and [len(i) for i in ids] != lengths:
         raise StatesError(f"{path}: metadata 'ids' lengths {[len(i) for i in ids]} do not match the states {lengths}")
+    # the observations themselves (size, NaN) are checked where they are inverted (invert.as_prompts,
+    # and per prompt in the loop: one non-finite prompt fails, the others are still recovered)
     prompts = [x[i, :n] for i, n in enumerate(lengths)]
-    bad = [i for i, p in enumerate(prompts) if not torch.isfinite(p).all()]
-    if bad:
-        raise StatesError(f"{path}: {SURFACE_TENSORS[surface][0]} contain NaN or inf (prompts {bad[:10]})")
-    eps = None
+    error = None
     if bound is not None:
-        eps = max(storage_eps(p, bound[i, :len(p)], EPS_FLOAT32) for i, p in enumerate(prompts))
+        error = max(storage_error(p, bound[i, :len(p)]) for i, p in enumerate(prompts))
     return States(prompts, model=meta.get("model"), layer=layer, final_norm=meta.get("final_norm") == "true",
                   precision=meta.get("precision"), tokenizer=meta.get("tokenizer"), ids=ids, meta=dict(meta),
-                  surface=surface, eps=eps, **extra)
+                  surface=surface, error=error, **extra)

@@ -54,7 +54,8 @@ def dequantize(codes: Tensor, scale: Tensor | None, fmt: str) -> tuple[Tensor, T
     return x, s / 2  # int8: half a quantization step
 
 
-def storage_eps(x: Tensor, bound: Tensor, base: float) -> float:
-    """ε for observations x̃ [..., k] with elementwise bound b: base + max over vectors of ‖b‖/‖x̃‖."""
+def storage_error(x: Tensor, bound: Tensor) -> float:
+    """Relative error of stored observations x̃ [..., k] with elementwise bound b: max over vectors of
+    ‖b‖/‖x̃‖ (added to the measured recomputation ε, see invert/eps.py)."""
     rel = bound.double().norm(dim=-1) / x.double().norm(dim=-1).clamp_min(1e-30)
-    return base + float(rel.max())
+    return float(rel.max())

@@ -224,9 +224,10 @@ def test_cli_invert_roundtrip_and_failures(tmp_path, capsys):
     # no metadata and no --model/--layer
     assert main(["invert", str(npy), "-q"]) == 2
     assert "--model and --layer" in capsys.readouterr().err
-    # NaN
+    # NaN: that prompt fails with the reason, before any search
     np.save(npy, np.full((4, 64), np.nan, dtype="float32"))
-    assert main(["invert", str(npy), "-q", "--model", "tiny-gpt2", "--layer", "1"]) == 2
+    assert main(["invert", str(npy), "-q", "--model", "tiny-gpt2", "--layer", "1"]) == 1
+    assert "FAILED: non-finite values" in capsys.readouterr().out
 
 
 def test_certify_top_k_gives_every_position_a_margin(lm):

@@ -5,7 +5,7 @@ import torch
 from sipit.invert import InvertConfig, invert
 from sipit.models import ModelError
 from sipit.models import LayerTap
-from sipit.models.surfaces import (KVTap, ProjectedTap, kv_observation, logits_eps, logits_tap,
+from sipit.models.surfaces import (KVTap, ProjectedTap, kv_observation, logits_error, logits_tap,
                                    normed_states_from_logits, random_projection)
 
 EXHAUSTIVE = InvertConfig(policy="exhaustive")
@@ -15,8 +15,8 @@ def ids_of(lm, n=2, T=9, seed=0):
     return torch.randint(0, lm.vocab_size, (n, T), generator=torch.Generator().manual_seed(seed))
 
 
-def assert_exact(lm, observations, tap, ids, eps=None):
-    config = InvertConfig(policy="exhaustive", eps=eps)
+def assert_exact(lm, observations, tap, ids, error=0.0):
+    config = InvertConfig(policy="exhaustive", observation_error=error)
     r = invert(lm, observations, tap.layer, config, tap=tap, progress=False, true_ids=ids.tolist())
     assert [p.ids for p in r.prompts] == ids.tolist() and all(p.exact for p in r.prompts)
 
@@ -75,8 +75,7 @@ def test_logits_recover_normed_states_and_invert(tiny_lm, logprobs):
     z = torch.log_softmax(out.logits, -1) if logprobs else out.logits
     x = torch.stack([normed_states_from_logits(tiny_lm, zi, logprobs) for zi in z])
     assert torch.allclose(x, out.hidden_states[-1], atol=1e-4)  # HF's last entry is after the final norm
-    eps = logits_eps(tiny_lm, 2.0 ** -24)
-    assert_exact(tiny_lm, x, logits_tap(tiny_lm), ids, eps)
+    assert_exact(tiny_lm, x, logits_tap(tiny_lm), ids, logits_error(tiny_lm, 2.0 ** -24))
 
 
 def test_logits_soft_cap_and_truncated_vocabulary(tiny_lm, monkeypatch):

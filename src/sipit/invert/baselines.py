@@ -56,7 +56,8 @@ class HardPromptsConfig:
     weight_decay: float = 0.1  # PEZ's default
     seed: int = 0  # random initial tokens
     log_every: int = 50  # log the loss every K steps (logger "sipit.hardprompts", INFO)
-    eps: float | None = None  # verification threshold of the answer; None: measured (eps.py)
+    eps: float | None = None  # verification threshold of the answer; None: measured (eps.py) + observation_error
+    observation_error: float = 0.0  # as InvertConfig's: storage rounding or added noise of the observations
     certify: str = "none"  # certificates of a verified answer: "none" | "top:K" | "full" (certify.py)
 
 

@@ -27,17 +27,16 @@ def cmd_invert(args):
     lm = load_model(model, precision=args.precision or st.precision or "fp32", device=args.device)
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: the states file was made with another tokenizer than {model}'s", file=sys.stderr)
-    tap, prompts, file_eps = open_surface(lm, st, lm.layer_index(layer), final_norm)
-    eps = args.eps if args.eps is not None else file_eps
+    tap, prompts, error = open_surface(lm, st, lm.layer_index(layer), final_norm)
     out = Path(args.output or Path(args.states).with_suffix(".results.jsonl"))
     if args.noise:  # relative noise of norm sigma*||h_t|| per position; eps must then exceed sigma
         from .robust import add_noise
-        from .verify import tolerance
 
         gen = torch.Generator().manual_seed(args.seed)
         prompts = [add_noise(s, args.noise, gen) for s in prompts]
-        eps = eps if eps is not None else args.noise * 1.01 + tolerance(prompts[0].dtype, 1e-4)
-        print(f"added relative noise sigma={args.noise:g} (seed {args.seed}); eps={eps:.3g}", file=sys.stderr)
+        error += args.noise * 1.01
+        print(f"added relative noise sigma={args.noise:g} (seed {args.seed}); eps = measured + {error:.3g}",
+              file=sys.stderr)
     plain = getattr(tap, "plain_states", True)
     if args.policy in ("bruteforce", "hardprompts") and not plain:
         raise SipitError(f"--policy {args.policy} inverts states only, not a {st.surface} file")
@@ -51,9 +50,9 @@ def cmd_invert(args):
             import logging
 
             logging.basicConfig(level=logging.INFO, format="%(message)s")
-        config = HardPromptsConfig(steps=args.steps, eps=eps, certify=args.certify)
+        config = HardPromptsConfig(steps=args.steps, eps=args.eps, observation_error=error, certify=args.certify)
     else:
-        config = InvertConfig(batch_size=args.batch_size, eps=eps, certify=args.certify)
+        config = InvertConfig(batch_size=args.batch_size, eps=args.eps, observation_error=error, certify=args.certify)
     if args.engine == "local":
         result = run(args.policy, lm, prompts, layer, config, final_norm=final_norm, progress=not args.quiet,
                      true_ids=st.ids, max_seconds=args.max_seconds, tap=tap)
@@ -110,7 +109,8 @@ def add_invert_parser(sub) -> None:
     s.add_argument("--steps", type=int, default=None,
                    help="hardprompts: optimisation steps per prompt (default: the paper's T*|V|/4, see --max-seconds)")
     s.add_argument("--eps", type=float, default=None,
-                   help="relative acceptance threshold (default: measured recomputation noise x 50, x 4 for bf16/fp16 models, + dtype rounding)")
+                   help="relative acceptance threshold (default: measured recomputation noise x 50, x 4 for bf16/fp16 models, + dtype "
+                        "rounding + the file's own storage rounding or --noise)")
     s.add_argument("--certify", default="none", metavar="none|top:K|full",
                    help="after recovery also evaluate the policy's top K others (top:K) or every token (full) at "
                         "every position, to certify it; near-duplicate tokens are always checked (default none)")
@@ -119,7 +119,7 @@ def add_invert_parser(sub) -> None:
     s.add_argument("-o", "--output", default=None, help="results JSONL (default STATES.results.jsonl); "
                                                        "the summary goes next to it as .summary.json")
     s.add_argument("--noise", type=float, default=None,
-                   help="add relative Gaussian noise of norm SIGMA*||h_t|| per position first (eps default: 1.01*SIGMA + tol)")
+                   help="add relative Gaussian noise of norm SIGMA*||h_t|| per position first (eps default: measured + 1.01*SIGMA)")
     s.add_argument("--seed", type=int, default=0, help="noise seed")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_engine_options(s)

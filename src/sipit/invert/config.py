@@ -23,7 +23,9 @@ class GradientConfig:
 @dataclass
 class InvertConfig:
     policy: str = "learned"  # exhaustive | random | gradient | learned (policies.py), or a Policy class
-    eps: float | None = None  # relative acceptance threshold; None: measured (eps.py)
+    eps: float | None = None  # relative acceptance threshold; None: measured (eps.py) + observation_error
+    observation_error: float = 0.0  # relative error the observations carry beyond recomputation (storage
+    #                                 rounding, least squares from logits, added noise): added to measured ε
     certify: str = "none"  # "none" | "top:K" | "full": alternatives evaluated at every position after recovery
     batch_size: int = 256  # candidates per forward pass when searching a position
     speculate: bool = True  # verify a policy's whole-sequence guesses in one pass, if it makes any

@@ -8,8 +8,12 @@ random-id calibration prompts, every path is compared with one single full forwa
 
     noise_t = max over paths and prompts of ‖h_t(path) − h_t(full)‖ / ‖h_t(full)‖
     ε       = tolerance(dtype, FACTOR × max(max_t noise_t, FLOOR_ULPS × u_fp32))  (+ the dtype rounding)
+              + observation_error
 
-with FACTOR = 50 for float32/64 models and 4 for bf16/fp16 ones.
+with FACTOR = 50 for float32/64 models and 4 for bf16/fp16 ones. observation_error is what the file
+adds beyond recomputation and is known from how it was made, not measured: a storage format's
+rounding bound (storage.py), that bound amplified by the least squares from logits back to states
+(models/surfaces.py), or added noise.
 
 Measured once per (weights fingerprint, tap key, dtype, device, batch size) and cached on disk.
 """
@@ -50,6 +54,7 @@ class Tolerance:
     factor: float | None
     dtype_roundoff: float  # unit roundoff of the observed states' dtype
     source: str  # "measured" | "given"
+    observation_error: float = 0.0  # added to ε: the observations' own error (storage, logits, noise)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -114,8 +119,10 @@ def noise_profile(tap, batch_size: int = 256) -> list[float]:
     return _MEMO[name]
 
 
-def tolerance_for(tap, dtypes, eps: float | None = None, batch_size: int = 256) -> Tolerance:
-    """The Tolerance for observed states of `dtypes` (the coarsest wins); `eps` given: used as is."""
+def tolerance_for(tap, dtypes, eps: float | None = None, batch_size: int = 256,
+                  observation_error: float = 0.0) -> Tolerance:
+    """The Tolerance for observed states of `dtypes` (the coarsest wins) that carry a relative
+    `observation_error` of their own; `eps` given: used as is."""
     u = max(UNIT_ROUNDOFF.get(dt, 2.0 ** -8) for dt in dtypes)
     if eps is not None:
         return Tolerance(eps=eps, noise=None, noise_per_position=None, factor=None, dtype_roundoff=u, source="given")
@@ -123,5 +130,6 @@ def tolerance_for(tap, dtypes, eps: float | None = None, batch_size: int = 256) 
     noise = max(max(per_position), FLOOR_ULPS * UNIT_ROUNDOFF[torch.float32])
     coarsest = max(dtypes, key=lambda dt: UNIT_ROUNDOFF.get(dt, 2.0 ** -8))
     factor = HALF_FACTOR if tap.lm.dtype in (torch.bfloat16, torch.float16) else FACTOR
-    return Tolerance(eps=tolerance(coarsest, factor * noise), noise=noise, noise_per_position=per_position,
-                     factor=factor, dtype_roundoff=u, source="measured")
+    return Tolerance(eps=tolerance(coarsest, factor * noise) + observation_error, noise=noise,
+                     noise_per_position=per_position, factor=factor, dtype_roundoff=u, source="measured",
+                     observation_error=observation_error)

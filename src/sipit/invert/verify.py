@@ -26,8 +26,6 @@ from torch import Tensor
 from ..io import write_json
 from ..models.load import cache_dir
 
-EPS_FLOAT32 = 1e-4  # recomputation tolerance ε₀ of float32 states where a file gives ε itself (stored
-#                     precision, logits): 2× SmolLM2's largest measured true-token distance at layer 30
 UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8,
                  torch.float64: 2.0 ** -53}
 NEAR_REL = 1e-2  # embedding rows closer than this (relative) are near-duplicates, checked at every position

@@ -167,7 +167,7 @@ def normed_states_from_logits(lm: LM, logits: Tensor, logprobs: bool = False) ->
     Undoes soft-capping (atanh) and the head's bias, then solves W x = z by least squares in
     float64 (W [V, d] must have full column rank: V ≥ d). Log-probabilities are z minus an unknown
     per-position constant: centring both sides over the vocabulary removes it. Exact up to the
-    rounding of the file amplified by W's conditioning (see `logits_eps`).
+    rounding of the file amplified by W's conditioning (see `logits_error`).
     """
     V = lm.model.get_output_embeddings().weight.shape[0]
     if logits.shape[-1] != V:
@@ -190,14 +190,12 @@ def normed_states_from_logits(lm: LM, logits: Tensor, logprobs: bool = False) ->
     return x.to(device=lm.device, dtype=lm.dtype)
 
 
-def logits_eps(lm: LM, file_error: float) -> float:
-    """ε for states recovered from logits whose relative rounding is `file_error` (a dtype's unit
-    roundoff, or a storage format's bound): the recomputation tolerance plus that error amplified by
-    cond(W) (a least-squares solution moves by ≤ cond(W)·error relatively)."""
-    from ..invert.verify import EPS_FLOAT32
-
+def logits_error(lm: LM, file_error: float) -> float:
+    """Relative error of states recovered from logits whose relative rounding is `file_error` (a
+    dtype's unit roundoff, or a storage format's bound): that error amplified by cond(W) (a
+    least-squares solution moves by ≤ cond(W)·error relatively). Added to the measured ε."""
     s = torch.linalg.svdvals(lm.model.get_output_embeddings().weight.double().cpu())
-    return EPS_FLOAT32 + float(s[0] / s[-1]) * file_error
+    return float(s[0] / s[-1]) * file_error
 
 
 def random_projection(d: int, k: int, kind: str = "gaussian", seed: int = 0, states: Tensor | None = None) -> Tensor:
