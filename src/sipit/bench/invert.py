@@ -6,8 +6,10 @@ uniform random ids), states captured by one full forward pass of each whole prom
 policy inverts the same prompts in this one run. Each prompt's forward pass up to the layer is
 timed right before its inversion (median of 3), so the ratio compares like with like under the
 same load. Slow policies (exhaustive, random, gradient: minutes per prompt on SmolLM2) are capped:
-they invert only the first `slow_positions` positions of each prompt (`capped_positions` in the
-output; their ratio is per position × length, marked `extrapolated`).
+they invert only the first `slow_prompts` prompts of each kind (the same prompts the learned policy
+inverts first) and only the first `slow_positions` positions of each (`capped_positions` in the
+output; their ratio is per position × length, marked `extrapolated`). The learned policy's entry
+also gives its numbers on that same subset (`on_slow_subset`), for a like-for-like comparison.
 
 Reported per policy: candidates *verified* by a forward pass (the paper's metric) and candidates
 *scored* (the learned policy scores the whole vocabulary at every position; the gradient policy
@@ -31,6 +33,7 @@ from ..invert import InvertConfig, SipIt
 from ..invert.eps import tolerance_for
 from ..invert.learned.data import calibration_ids, random_ids, stdlib_files
 from ..models import LayerTap, load_model
+from ..models.load import TINY
 
 TAKES_DEVICE = True  # `sipit bench invert --device cuda` passes the device on
 
@@ -94,7 +97,9 @@ class Config:
     prompts: int = 10  # per kind
     length: int = 20
     slow_positions: int = 2  # slow policies invert only this many leading positions of each prompt
-    certify: tuple[str, ...] = ("top:256",)  # certify modes timed with the fast policies on every prompt
+    slow_prompts: int | None = None  # ... of only this many prompts per kind (None: all)
+    certify: tuple[str, ...] = ("top:256",)  # certify modes timed with the fast policies
+    certify_prompts: int | None = None  # ... on this many prompts per kind (None: all)
     certify_full_prompts: int = 0  # also time certify="full" on this many prompts (minutes each on SmolLM2)
     threads: int = 2
     device: str = "cpu"
@@ -115,6 +120,17 @@ def _scored_per_position(policy: str, V: int, r) -> float:
     if policy == "gradient":
         return V * r.backward_tokens / max(len(r.positions), 1)  # every snap ranks the vocabulary
     return sum(q.tried for q in r.positions) / max(len(r.positions), 1)
+
+
+def first_of_each_kind(data, n: int | None) -> list[int]:
+    """Indices of the first n prompts of each kind in `data` [(kind, ids)] (None: all)."""
+    seen: dict = {}
+    keep = []
+    for i, (kind, _) in enumerate(data):
+        seen[kind] = seen.get(kind, 0) + 1
+        if n is None or seen[kind] <= n:
+            keep.append(i)
+    return keep
 
 
 def _invert_all(engine, tap, ids, states, T, cfg, tag):
@@ -163,7 +179,8 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V) -> dict:
 
 def run(cfg: Config) -> dict:
     torch.set_num_threads(cfg.threads)
-    top = max(cfg.layers) if cfg.layers and min(cfg.layers) >= 0 else None  # load only the blocks needed
+    top = max(cfg.layers) if cfg.layers and min(cfg.layers) >= 0 and cfg.model not in TINY else None  # load only
+    #                                                                        the blocks needed (tiny: always whole)
     lm = load_model(cfg.model, precision=cfg.precision, device=cfg.device, max_layer=top)
     V = lm.vocab_size
     layers = cfg.layers or [1, lm.n_layers // 2, lm.n_layers]
@@ -181,17 +198,27 @@ def run(cfg: Config) -> dict:
         entry = out["layers"][str(layer)] = dict(eps=tol.eps, noise=tol.noise, eps_seconds=round(time.perf_counter() - t, 2),
                                                  policies={}, certify={})
         worst = 0.0
+        slow = first_of_each_kind(data, cfg.slow_prompts)
         for name in cfg.policies:
-            T = cfg.length if name in FAST else min(cfg.slow_positions, cfg.length)
+            fast = name in FAST
+            T = cfg.length if fast else min(cfg.slow_positions, cfg.length)
+            sel = list(range(len(data))) if fast else slow
             engine = SipIt(lm, layer, InvertConfig(policy=name), final_norm=cfg.final_norm, eps=tol.eps)
-            fwd, res = _invert_all(engine, tap, ids, states, T, cfg, f"L{layer} {name}")
-            e = entry["policies"][name] = _policy_entry(name, engine, fwd, res, T, cfg, data, V)
+            fwd, res = _invert_all(engine, tap, ids[sel], states[sel], T, cfg, f"L{layer} {name}")
+            e = entry["policies"][name] = _policy_entry(name, engine, fwd, res, T, cfg, [data[i] for i in sel], V)
+            if fast and len(slow) < len(data):
+                e["on_slow_subset"] = {k: v for k, v in _policy_entry(
+                    name, engine, [fwd[i] for i in slow], [res[i] for i in slow], T, cfg, [data[i] for i in slow],
+                    V).items() if k in ("prompts", "exact", "seconds_per_prompt_median", "ratio_to_forward",
+                                        "candidates_verified_per_position", "vocab_verified_pct")}
             worst = max(worst, e["max_accepted_distance"] or 0.0)
-            for mode in [*cfg.certify, *(["full"] if cfg.certify_full_prompts else [])] if name in FAST else []:
-                n = len(ids) if mode != "full" else cfg.certify_full_prompts
+            for mode in [*cfg.certify, *(["full"] if cfg.certify_full_prompts else [])] if fast else []:
+                sub = first_of_each_kind(data, cfg.certify_prompts) if mode != "full" else \
+                    list(range(min(cfg.certify_full_prompts, len(data))))
+                n = len(sub)
                 engine = SipIt(lm, layer, InvertConfig(policy=name, certify=mode), final_norm=cfg.final_norm, eps=tol.eps)
-                _, cres = _invert_all(engine, tap, ids[:n], states[:n], cfg.length, cfg, f"L{layer} {name} {mode}")
-                base = statistics.median(r.seconds for r in res[:n])
+                _, cres = _invert_all(engine, tap, ids[sub], states[sub], cfg.length, cfg, f"L{layer} {name} {mode}")
+                base = statistics.median(res[i].seconds for i in sub)
                 cpos = [q for r in cres for q in r.positions]
                 entry["certify"][f"{name} {mode}"] = dict(
                     prompts=n, seconds_per_prompt_median=round(statistics.median(r.seconds for r in cres), 4),
@@ -213,7 +240,11 @@ def main(argv=None):
     p.add_argument("--length", type=int, default=d.length)
     p.add_argument("--slow-positions", type=int, default=d.slow_positions,
                    help="slow policies invert only this many leading positions of each prompt")
+    p.add_argument("--slow-prompts", type=int, default=d.slow_prompts,
+                   help="slow policies invert only this many prompts of each kind (default: all)")
     p.add_argument("--certify", default=",".join(d.certify), help="certify modes timed with the learned policy")
+    p.add_argument("--certify-prompts", type=int, default=d.certify_prompts,
+                   help="certify modes run on this many prompts of each kind (default: all)")
     p.add_argument("--certify-full-prompts", type=int, default=d.certify_full_prompts)
     p.add_argument("--final-norm", action="store_true")
     p.add_argument("--threads", type=int, default=d.threads)
@@ -224,8 +255,9 @@ def main(argv=None):
     a = p.parse_args(argv)
     cfg = Config(model=a.model, layers=[int(x) for x in a.layers.split(",")] if a.layers else None,
                  policies=tuple(a.policies.split(",")), kinds=tuple(a.kinds.split(",")), prompts=a.prompts,
-                 length=a.length, slow_positions=a.slow_positions,
-                 certify=tuple(x for x in a.certify.split(",") if x), certify_full_prompts=a.certify_full_prompts,
+                 length=a.length, slow_positions=a.slow_positions, slow_prompts=a.slow_prompts,
+                 certify=tuple(x for x in a.certify.split(",") if x), certify_prompts=a.certify_prompts,
+                 certify_full_prompts=a.certify_full_prompts,
                  threads=a.threads, device=a.device, precision=a.precision, seed=a.seed, final_norm=a.final_norm, progress=a.progress)
     print(json.dumps(run(cfg), indent=2))
 

@@ -7,10 +7,10 @@
 """
 from .counterexamples import CounterexampleConfig, CounterexamplesResult, run_counterexamples
 from .enumerate import EnumerationConfig, EnumerationResult, run_enumeration
-from .guarantee import GuaranteeConfig, GuaranteeResult, exhaustive_sipit, run_guarantee
+from .guarantee import GuaranteeConfig, GuaranteeResult, run_guarantee
 from .models import LabError, LabModel, PromptSet, build
 from .train import TrainConfig, TrainResult, run_train
 
 __all__ = ["CounterexampleConfig", "CounterexamplesResult", "EnumerationConfig", "EnumerationResult", "GuaranteeConfig",
            "GuaranteeResult", "LabError", "LabModel", "PromptSet", "TrainConfig", "TrainResult", "build",
-           "exhaustive_sipit", "run_counterexamples", "run_enumeration", "run_guarantee", "run_train"]
+           "run_counterexamples", "run_enumeration", "run_guarantee", "run_train"]

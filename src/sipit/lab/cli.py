@@ -102,7 +102,7 @@ def cmd_counterexamples(args):
 
 def cmd_guarantee(args):
     cfg = GuaranteeConfig(model=_model(args, GuaranteeConfig().model), layers=args.layers, eps=args.eps,
-                          inverter=args.inverter, max_prompts=args.max_prompts)
+                          max_prompts=args.max_prompts)
     print(f"lab guarantee: {cfg.model.describe()}")
     r = run_guarantee(cfg, args.out)
     for x in r.layers:
@@ -147,8 +147,5 @@ def add_lab_parser(subparsers) -> argparse.ArgumentParser:
     _model_args(s, GuaranteeConfig().model)
     _common(s, "runs/lab-guarantee", tol=False)
     s.add_argument("--eps", type=float, default=1e-5, help="acceptance radius relative to ‖h_t‖ (default 1e-5)")
-    s.add_argument("--inverter", choices=["auto", "engine", "lab"], default="auto",
-                   help="engine = sipit.invert (exhaustive policy), lab = the lab's batched exhaustive SipIt; "
-                        "auto (default): the engine when present")
     s.set_defaults(fn=cmd_guarantee)
     return lab

@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from sipit.invert import InvertConfig, invert
 from sipit.models import LM, run_layers
 
 from .enumerate import default_layers
@@ -29,46 +30,10 @@ class Inverted:
 InvertFn = Callable[[LM, int, Tensor, list[int]], Inverted]
 
 
-@torch.no_grad()
-def exhaustive_sipit(lm: LM, layer: int, states: Tensor, prefix: list[int] = (), *, eps: float = 1e-5,
-                     batch: int = 32_768) -> Inverted:
-    """SipIt with the exhaustive policy, many prompts at once: at position t, try tokens 0, 1, ...
-    after the known `prefix` and the recovered tokens, and accept the first whose state at t is
-    within eps·‖h_t‖ of the observed h_t. The step count is what the sequential algorithm would do
-    (first accepted index + 1, or |V| if none is accepted; then the nearest candidate is kept).
-    states: [B, P+T, d] (the P prefix positions are known and skipped)."""
-    dev = lm.device
-    states = states[:, len(prefix):].to(dev)
-    B, T, _ = states.shape
-    V = lm.vocab_size  # every embedding row is a candidate (a BOS row too)
-    head = torch.tensor(list(prefix), dtype=torch.long, device=dev)[None]  # [1, P]
-    ids = torch.zeros(B, 0, dtype=torch.long, device=dev)
-    steps = torch.zeros(B, dtype=torch.long, device=dev)
-    accepted = torch.ones(B, dtype=torch.bool, device=dev)
-    min_wrong = float("inf")
-    for t in range(T):
-        cand = torch.cat([head.expand(B * V, -1), ids.repeat_interleave(V, 0), torch.arange(V, device=dev).repeat(B)[:, None]], 1)
-        h = torch.cat([run_layers(lm, [layer], ids=cand[s : s + batch])[0][:, -1]
-                       for s in range(0, len(cand), batch)]).view(B, V, -1)
-        target = states[:, t]
-        dist = (h - target[:, None]).norm(dim=-1) / target.norm(dim=-1, keepdim=True)  # [B, V] relative
-        ok = dist <= eps
-        hit = ok.any(1)
-        first = torch.where(hit, ok.to(torch.uint8).argmax(1), dist.argmin(1))
-        wrong = dist.scatter(1, first[:, None], float("inf"))
-        min_wrong = min(min_wrong, float(wrong.min()))
-        steps += torch.where(hit, first + 1, V)
-        accepted &= hit
-        ids = torch.cat([ids, first[:, None]], 1)
-    return Inverted(ids, steps, accepted, min_wrong)
-
-
 def engine(policy: str = "exhaustive", eps: float | None = None) -> InvertFn:
     """The project's SipIt engine (`sipit.invert.invert`) as an InvertFn, prompt by prompt. It
     recovers the prefix too (a BOS is a vocabulary token like any other); the prefix must come
     back unchanged, and the steps counted are the candidates it evaluated at the prompt positions."""
-    from sipit.invert import InvertConfig, invert
-
     def fn(lm: LM, layer: int, states: Tensor, prefix: list[int]) -> Inverted:
         P, (B, n, _) = len(prefix), states.shape
         res = invert(lm, states, layer, InvertConfig(policy=policy, eps=eps), progress=False)
@@ -93,7 +58,6 @@ class GuaranteeConfig:
     model: LabModel = field(default_factory=lambda: LabModel(vocab=8, context=4))
     layers: list[int] | None = None  # default: every block output
     eps: float = 1e-5  # acceptance radius relative to ‖h_t‖
-    inverter: str = "auto"  # engine (sipit.invert, exhaustive policy) | lab (exhaustive_sipit) | auto (engine if any)
     max_prompts: int = 300_000
 
 
@@ -162,36 +126,17 @@ def check_layer(lm: LM, prompts: PromptSet, layer: int, invert_fn: InvertFn, bos
         min_wrong, failures, by_length, time.perf_counter() - t0)
 
 
-def choose_inverter(cfg: GuaranteeConfig) -> tuple[str, InvertFn]:
-    if cfg.inverter not in ("auto", "engine", "lab"):
-        raise LabError(f"inverter {cfg.inverter!r}: use engine, lab or auto")
-    if cfg.inverter != "lab":
-        try:
-            fn = engine("exhaustive", cfg.eps)
-            return fn.__name__, fn
-        except ImportError:
-            if cfg.inverter == "engine":
-                raise LabError("the SipIt engine (sipit.invert) is not installed in this tree; use --inverter lab")
-
-    def fn(lm, layer, states, prefix):
-        return exhaustive_sipit(lm, layer, states, prefix, eps=cfg.eps)
-
-    return "sipit.lab.guarantee.exhaustive_sipit", fn
-
-
 def run_guarantee(cfg: GuaranteeConfig, out_dir=None, invert_fn: InvertFn | None = None) -> GuaranteeResult:
     """Invert all prompts of length 1..K at each layer; write results to out_dir.
 
-    invert_fn: any inverter with the InvertFn signature; default: chosen by cfg.inverter."""
+    invert_fn: any inverter with the InvertFn signature; default: the SipIt engine, exhaustive policy."""
     t0 = time.perf_counter()
     layers = default_layers(cfg.model, cfg.layers)
     prompts = PromptSet(cfg.model.vocab, cfg.model.context)
     check_size(prompts, cfg.model.width, 1, cfg.max_prompts)
     lm = build(cfg.model)
-    if invert_fn is None:
-        name, fn = choose_inverter(cfg)
-    else:
-        name, fn = getattr(invert_fn, "__name__", repr(invert_fn)), invert_fn
+    fn = invert_fn or engine("exhaustive", cfg.eps)
+    name = getattr(fn, "__name__", repr(fn))
     per_layer = [check_layer(lm, prompts, layer, fn, cfg.model.bos_id) for layer in layers]
     result = GuaranteeResult(asdict(cfg), name, len(prompts), lm.vocab_size, prompts.max_len,
                              prompts.max_len * lm.vocab_size, per_layer, time.perf_counter() - t0)

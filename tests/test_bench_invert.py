@@ -1,0 +1,22 @@
+"""`sipit bench invert` on a tiny model: every policy on the same prompts, slow ones on a subset."""
+from sipit.bench.invert import Config, first_of_each_kind, run
+
+
+def test_first_of_each_kind():
+    data = [("a", 0), ("a", 1), ("a", 2), ("b", 3), ("b", 4)]
+    assert first_of_each_kind(data, 1) == [0, 3] and first_of_each_kind(data, None) == [0, 1, 2, 3, 4]
+
+
+def test_bench_invert_reports_every_policy_on_the_same_prompts():
+    cfg = Config(model="tiny-llama", layers=[2], policies=("learned", "exhaustive"), kinds=("prose", "random"),
+                 prompts=2, length=6, slow_prompts=1, slow_positions=2, certify=("top:8",), certify_prompts=1,
+                 threads=1)
+    out = run(cfg)
+    layer = out["layers"]["2"]
+    learned, exhaustive = layer["policies"]["learned"], layer["policies"]["exhaustive"]
+    assert learned["prompts"] == 4 and learned["exact"] == 4 and not learned["extrapolated"]
+    assert exhaustive["prompts"] == 2 and exhaustive["extrapolated"] and exhaustive["positions_per_prompt"] == 2
+    assert learned["on_slow_subset"]["prompts"] == 2 and learned["on_slow_subset"]["exact"] == 2
+    assert learned["candidates_scored_per_position"] > learned["candidates_verified_per_position"]
+    assert set(learned["amortised_seconds_per_prompt"]) == {"1", "100", "10000"}
+    assert layer["certify"]["learned top:8"]["prompts"] == 2 and layer["eps_headroom"] > 1
