@@ -70,10 +70,8 @@ def test_utility_matches_a_hand_made_edit(audited):
 
     with edit_layer(lm, 2, lambda x: noisy.residual(h, 0)):
         edited = lm.logits(held)
-    ce = lambda lg: float(torch.nn.functional.cross_entropy(lg[:, :-1].reshape(-1, lg.shape[-1]),  # noqa: E731
-                                                            held[:, 1:].reshape(-1)))
     u = next(c for c in report["cells"] if c["defense"] == "noise:3")["utility"]
-    assert u["delta_ce"] == pytest.approx(ce(edited) - ce(clean), abs=1e-5)
+    assert u["delta_ce"] == pytest.approx(_ce(edited, held) - _ce(clean, held), abs=1e-5)
     agree = float((edited[:, :-1].argmax(-1) == clean[:, :-1].argmax(-1)).double().mean())
     assert u["top1_agreement"] == pytest.approx(agree) and u["top1_agreement"] < 1
 
@@ -213,25 +211,23 @@ def test_kv_and_logits_utility_match_hand_made_defences(tmp_path):
 
     held = torch.tensor([p.ids for p in sample("tech:2", lm.tokenizer, 16, seed=2)])
     clean = lm.logits(held)
-    ce = lambda lg: float(torch.nn.functional.cross_entropy(lg[:, :-1].reshape(-1, lg.shape[-1]),  # noqa: E731
-                                                            held[:, 1:].reshape(-1)))
-    for surface, edited in (
-            ("kv:values", lambda: _with(edit_kv(lm, 2, lambda k, v: (k, _rows(v, Defense("quant", "int4")))), lm, held)),
-            ("logits", lambda: quantize_rows(clean, "int4"))):
-        report = run(lm, AuditConfig(**{**CFG, "surface": surface, "defenses": "quant:int4",
-                                        "layers": "2" if surface != "logits" else "default"}),
+    with edit_kv(lm, 2, lambda k, v: (k, _quantize_heads(v))):  # the cached values stored as int4 rows
+        kv_edited = lm.logits(held)
+    for surface, layers, edited in (("kv:values", "2", kv_edited), ("logits", "default", quantize_rows(clean, "int4"))):
+        report = run(lm, AuditConfig(**{**CFG, "surface": surface, "defenses": "quant:int4", "layers": layers}),
                      tmp_path / surface, progress=False)
-        u, lg = report["cells"][0]["utility"], edited()
-        assert u["delta_ce"] == pytest.approx(ce(lg) - ce(clean), abs=1e-5) and u["delta_ce"] != 0
-        assert u["top1_agreement"] == pytest.approx(float((lg[:, :-1].argmax(-1) == clean[:, :-1].argmax(-1)).double().mean()))
+        u = report["cells"][0]["utility"]
+        assert u["delta_ce"] == pytest.approx(_ce(edited, held) - _ce(clean, held), abs=1e-5) and u["delta_ce"] != 0
+        agree = (edited[:, :-1].argmax(-1) == clean[:, :-1].argmax(-1)).double().mean()
+        assert u["top1_agreement"] == pytest.approx(float(agree))
 
 
-def _with(ctx, lm, ids):
-    with ctx:
-        return lm.logits(ids)
+def _ce(logits, ids) -> float:
+    """Mean next-token cross-entropy of logits [B, T, V] for ids [B, T]."""
+    return float(torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)))
 
 
-def _rows(x, defense):
-    """[B, H, T, hd] quantized per position row of H·hd numbers (the leaked layout)."""
+def _quantize_heads(x):
+    """[B, H, T, hd] quantized to int4 per position row of H·hd numbers (the leaked layout)."""
     B, H, T, hd = x.shape
-    return defense.observe(x.transpose(1, 2).reshape(B, T, H * hd)).reshape(B, T, H, hd).transpose(1, 2)
+    return quantize_rows(x.transpose(1, 2).reshape(B, T, H * hd), "int4").reshape(B, T, H, hd).transpose(1, 2)

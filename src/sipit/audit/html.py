@@ -50,7 +50,7 @@ def plot_margins(report: dict, path: Path) -> Path:
                         label=f"layer {layer}")
         ax.axhline(max(m["radius_rel_min"], 1e-12), color=line.get_color(), ls=":", lw=1)
     ax.set_yscale("log")
-    return _finish(plt, fig, ax, path, f"{report['model']} ({report['surface']}): margins of the attacked prompts",
+    return _finish(plt, fig, ax, path, f"{report['model']} {report['surface']}: margins",
                    "fraction of positions", "relative margin Δ_t / ‖ĥ_t‖ (dotted: radius ρ)")
 
 
@@ -109,7 +109,8 @@ def _geometry(info: dict) -> str:
     return (f"<p><b>Geometry</b> (observed through {html.escape(info['observed_through'])}). Minimum distance "
             f"between last-token observations of {g['prompts']} sampled prompts "
             f"({g['pairs']:,} pairs, exact): {_num(g['min_distance'])} ({_num(g['min_relative'])} of the median "
-            f"norm {g['median_norm']:.3g}); structural pairs (identical embedding rows): {g['structural_pairs']}. "
+            f"norm {g['median_norm']:.3g}); structural pairs (identical embedding rows; "
+            f"at the embedding layer, equal last tokens): {g['structural_pairs']}. "
             f"Per-position margin Δ_t/‖ĥ_t‖ of the attacked prompts: min {_num(mq['0.0'])}, "
             f"1% {_num(mq['0.01'])}, "
             f"median {_num(mq['0.5'])}. Noise radius ρ ({html.escape(m['bound'])}): min {_num(m['radius_rel_min'])}, "

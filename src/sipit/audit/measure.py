@@ -174,4 +174,4 @@ def utility(lm: LM, surface: Surface, defense: Defense, ids: Tensor, clean: tupl
         with surface.edit(defense, seed):
             ce, top = next_token(lm, ids)
     return dict(ce_clean=ce0, ce_defended=ce, delta_ce=ce - ce0, top1_agreement=float((top == top0).double().mean()),
-                tokens=int(top.numel()), where=surface.utility_note)
+                tokens=int(top.numel()))

@@ -138,7 +138,8 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True) ->
                                      margins=rob["margins"],
                                      verdict=verdict(layer, layer_cells, rob["margins"]))
     bar.close()
-    report = dict(kind="audit", surface=spec_name(spec), utility_note=surfaces[layers[0]].utility_note, model=lm.name, fingerprint=lm.fingerprint, n_layers=lm.n_layers, d_model=lm.d_model,
+    report = dict(kind="audit", surface=spec_name(spec), utility_note=surfaces[layers[0]].utility_note, model=lm.name,
+                  fingerprint=lm.fingerprint, n_layers=lm.n_layers, d_model=lm.d_model,
                   vocab_size=V, config=asdict(cfg), layers_audited=layers, defenses=[x.name for x in defenses],
                   prompts=len(prompts), prompt_lengths=sorted({len(p) for p in prompts}),
                   utility_tokens=int(held.numel()), layers=per_layer, cells=cells,
