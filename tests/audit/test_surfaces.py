@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from sipit.audit.defenses import Defense, quantize_rows
-from sipit.audit.surfaces import make_surface, parse_surface
+from sipit.audit.surfaces import check_defenses, make_surface, parse_surface
 from sipit.io import SipitError
 from sipit.models import load_model
 
@@ -70,3 +70,14 @@ def test_kv_both_defends_keys_and_values_separately(lm):
 def test_bad_surfaces(lm, text, layers, message):
     with pytest.raises(SipitError, match=message):
         parse_surface(lm, text, layers)
+
+
+def test_defences_that_do_not_apply_to_a_surface(lm, monkeypatch):
+    with pytest.raises(SipitError, match="applies to --surface states only"):
+        check_defenses(lm, parse_surface(lm, "projection:8", [2]), [Defense("project", 4)])
+    logits = parse_surface(lm, "logits", [lm.n_layers])
+    check_defenses(lm, logits, [Defense("none"), Defense("noise", 0.1)])
+    monkeypatch.setattr(lm.model.config, "final_logit_softcapping", 30.0, raising=False)  # Gemma-2/3
+    check_defenses(lm, logits, [Defense("none")])
+    with pytest.raises(SipitError, match="soft-caps its logits"):
+        check_defenses(lm, logits, [Defense("none"), Defense("quant", "int8")])

@@ -101,7 +101,7 @@ class RobustnessResult:
 def add_noise(states: Tensor, sigma: float, generator: torch.Generator | None = None) -> Tensor:
     """states [..., T, d] -> states + e with ‖e_t‖ = σ‖ĥ_t‖ per position, random direction."""
     h = states.double()
-    u = torch.randn(h.shape, generator=generator, dtype=torch.float64)
+    u = torch.randn(h.shape, generator=generator, dtype=torch.float64).to(h.device)  # drawn on the CPU: reproducible
     u = u / u.norm(dim=-1, keepdim=True)
     return (h + sigma * h.norm(dim=-1, keepdim=True) * u).to(states.dtype)
 
