@@ -1,4 +1,5 @@
 import json
+import tempfile
 
 import pytest
 import torch
@@ -6,6 +7,7 @@ import torch
 from sipit.audit import measure
 from sipit.audit.defenses import Defense, quant_error_bound, quantize_rows
 from sipit.audit.run import AuditConfig, load_prompts, run
+from sipit.audit.surfaces import make_surface, parse_surface
 from sipit.cli import main
 from sipit.invert import InvertConfig, invert
 from sipit.invert.eps import tolerance_for
@@ -68,10 +70,8 @@ def test_utility_matches_a_hand_made_edit(audited):
 
     with edit_layer(lm, 2, lambda x: noisy.residual(h, 0)):
         edited = lm.logits(held)
-    ce = lambda lg: float(torch.nn.functional.cross_entropy(lg[:, :-1].reshape(-1, lg.shape[-1]),  # noqa: E731
-                                                            held[:, 1:].reshape(-1)))
     u = next(c for c in report["cells"] if c["defense"] == "noise:3")["utility"]
-    assert u["delta_ce"] == pytest.approx(ce(edited) - ce(clean), abs=1e-5)
+    assert u["delta_ce"] == pytest.approx(_ce(edited, held) - _ce(clean, held), abs=1e-5)
     agree = float((edited[:, :-1].argmax(-1) == clean[:, :-1].argmax(-1)).double().mean())
     assert u["top1_agreement"] == pytest.approx(agree) and u["top1_agreement"] < 1
 
@@ -96,8 +96,13 @@ def test_page_is_self_contained_and_rerun_skips_done_cells(audited, monkeypatch)
 @pytest.mark.parametrize("args, message", [
     (["--defenses", "none,blur:2"], "unknown defence 'blur:2'"),
     (["--layers", "9"], "layer 9 out of range"),
-    (["--surface", "kv"], "not supported by `sipit audit` yet"),
     (["--surface", "attention"], "unknown surface"),
+    (["--surface", "kv:queries"], "bad --surface 'kv:queries'"),
+    (["--surface", "projection:65"], "k=65 exceeds the model's d_model=64"),
+    (["--surface", "kv", "--layers", "0,2"], "the kv surface has no layer 0"),
+    (["--surface", "logits", "--layers", "2"], "the logits surface is at the last layer only"),
+    (["--surface", "kv", "--defenses", "none,project:8"], "it applies to --surface states only"),
+    (["--surface", "projection:16:pca", "--prompts", "prose:1", "--length", "8"], "PCA on 8 states gives at most 8"),
     (["--defenses", "project:65"], "exceeds the model's d_model=64"),
     (["--policy", "nope"], "unknown policy 'nope'"),
     (["--trials", "0"], "--trials must be at least 1"),
@@ -109,19 +114,19 @@ def test_bad_options_one_clear_error(tmp_path, capsys, args, message):
     assert not (tmp_path / "a").exists()  # nothing written
 
 
-def test_projection_attack_exact_from_one_dimension_and_blind_without_information(monkeypatch):
+def test_projection_defence_goes_through_the_engine_on_any_vocabulary():
     lm = load_model("tiny-llama")
     cfg = AuditConfig(**CFG)
     prompts = load_prompts(lm, cfg)
+    states = make_surface(lm, parse_surface(lm, "states", [2]), 2, prompts)
     # noise-free, one random direction already separates the 256 tokens: projection alone is no defence
     for k in (64, 1):
-        a = measure.attack_projection(lm, LayerTap(lm, 2), Defense("project", k), prompts)
-        assert a["exact_rate"] == 1.0 and a["certified_share"] == 1.0 and a["candidates_per_position"] == 256
-    monkeypatch.setattr(measure, "projection", lambda d, k, seed, device=None: torch.zeros(k, d))
-    blind = measure.attack_projection(lm, LayerTap(lm, 2), Defense("project", 1), prompts)  # observes nothing
-    assert blind["exact_rate"] == 0.0 and blind["certified_share"] == 0.0
-    with pytest.raises(SipitError, match="too slow for a vocabulary of 256"):
-        run(lm, AuditConfig(**{**CFG, "defenses": "project:8", "exhaustive_below": 100}), "/nonexistent/x")
+        a = measure.attack_invert(lm, states, Defense("project", k), prompts, "learned")
+        assert a["exact_rate"] == 1.0 and f"SipIt through projection:{k}x64:" in a["method"]
+    # the vocabulary limit of the old every-token decoder is gone (it now only picks the noise attack's candidates)
+    report = run(lm, AuditConfig(**{**CFG, "defenses": "none,project:8", "exhaustive_below": 100}),
+                 tempfile.mkdtemp(), progress=False)
+    assert [c["attack"]["exact_rate"] for c in report["cells"]] == [1.0, 1.0]
 
 
 def test_certified_share_reads_the_engine_summary():
@@ -155,3 +160,74 @@ def test_verdict_names_the_weakest_stopping_defence_and_its_cost():
     assert "noise stops exact recovery by these attacks from noise:1 (tokens still recovered: 60%) at a cost of " \
            "+0.5 nats/token (top-1 agreement 70%)" in v
     assert "no quantization tried stops it (quant:int8)" in v and "rho = 0.05" in v and "provably" in v
+
+
+@pytest.mark.parametrize("surface, layers", [("kv:keys", "2"), ("kv:values", "1"), ("kv", "4"), ("logits", "default"),
+                                              ("projection:8", "2"), ("projection:8:pca", "2"),
+                                              ("projection:4:coords", "0")])
+def test_every_surface_audits(tmp_path, surface, layers):
+    lm = load_model("tiny-llama")
+    cfg = AuditConfig(**{**CFG, "surface": surface, "layers": layers, "defenses": "none,noise:0.001,10"})
+    report = run(lm, cfg, tmp_path, progress=False)
+    name = {"kv": "kv:both", "projection:8": "projection:8:gaussian"}.get(surface, surface)
+    layer = 4 if surface == "logits" else int(layers)
+    assert report["surface"] == name and report["layers_audited"] == [layer]
+    cells = {c["defense"]: c for c in report["cells"]}
+    assert all(c["surface"] == name and c["layer"] == layer for c in cells.values())
+    assert cells["none"]["attack"]["exact_rate"] == 1.0 and cells["none"]["attack"]["token_accuracy"] == 1.0
+    assert cells["noise:0.001"]["attack"]["exact_rate"] == 1.0  # far below the radius: certified
+    assert cells["noise:0.001"]["attack"]["certified_share"] == 1.0
+    assert cells["noise:10"]["attack"]["exact_rate"] < 1  # the noise reaches the observation
+    m = report["layers"][str(layer)]["margins"]
+    assert 0.001 < m["radius_rel_min"] < 10 and report["layers"][str(layer)]["geometry"]["min_distance"] > 0
+    page = (tmp_path / "index.html").read_text()
+    assert name in page and "http" not in page.replace("http-equiv", "")
+    if surface.startswith("projection"):  # not a forward-pass intervention: no utility, said so
+        assert all(c["utility"] is None for c in cells.values()) and "not a forward-pass intervention" in page
+        assert {p.name for p in tmp_path.glob("*.png")} == {"margins.png"}
+    else:
+        u = cells["noise:10"]["utility"]
+        assert cells["none"]["utility"]["delta_ce"] == 0 and u["top1_agreement"] < 1
+
+
+def test_kv_numbers_agree_with_capture_then_invert(audited, tmp_path, capsys):
+    lm, cfg, out, report = audited
+    kv = run(lm, AuditConfig(**{**CFG, "surface": "kv:keys", "defenses": "none"}), tmp_path / "a", progress=False)
+    path = tmp_path / "kv.safetensors"
+    assert main(["capture", "--model", "tiny-llama", "--surface", "kv:keys", "--layer", "2", "--corpus", "prose:3",
+                 "--length", "8", "-o", str(path)]) == 0
+    assert main(["invert", str(path), "--output", str(tmp_path / "r.jsonl"), "-q"]) == 0
+    s = json.loads((tmp_path / "r.summary.json").read_text())
+    a = kv["cells"][0]["attack"]
+    assert s["tap"] == "kv:keys:L2" and a["exact_rate"] == s["exact_match_rate"] == 1.0
+    assert a["token_accuracy"] == s["token_accuracy"] and a["eps"] == pytest.approx(s["eps"])
+    assert a["candidates_per_position"] == s["candidates_per_position"]
+
+
+def test_kv_and_logits_utility_match_hand_made_defences(tmp_path):
+    lm = load_model("tiny-llama")
+    from sipit.corpora import sample
+    from sipit.models.edit import edit_kv
+
+    held = torch.tensor([p.ids for p in sample("tech:2", lm.tokenizer, 16, seed=2)])
+    clean = lm.logits(held)
+    with edit_kv(lm, 2, lambda k, v: (k, _quantize_heads(v))):  # the cached values stored as int4 rows
+        kv_edited = lm.logits(held)
+    for surface, layers, edited in (("kv:values", "2", kv_edited), ("logits", "default", quantize_rows(clean, "int4"))):
+        report = run(lm, AuditConfig(**{**CFG, "surface": surface, "defenses": "quant:int4", "layers": layers}),
+                     tmp_path / surface, progress=False)
+        u = report["cells"][0]["utility"]
+        assert u["delta_ce"] == pytest.approx(_ce(edited, held) - _ce(clean, held), abs=1e-5) and u["delta_ce"] != 0
+        agree = (edited[:, :-1].argmax(-1) == clean[:, :-1].argmax(-1)).double().mean()
+        assert u["top1_agreement"] == pytest.approx(float(agree))
+
+
+def _ce(logits, ids) -> float:
+    """Mean next-token cross-entropy of logits [B, T, V] for ids [B, T]."""
+    return float(torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)))
+
+
+def _quantize_heads(x):
+    """[B, H, T, hd] quantized to int4 per position row of H·hd numbers (the leaked layout)."""
+    B, H, T, hd = x.shape
+    return quantize_rows(x.transpose(1, 2).reshape(B, T, H * hd), "int4").reshape(B, T, H, hd).transpose(1, 2)

@@ -5,6 +5,7 @@ import argparse
 from dataclasses import fields
 
 from .run import DEFAULT_DEFENSES, AuditConfig
+from .surfaces import SURFACES_HELP
 
 
 def add_audit_parser(sub) -> None:
@@ -13,10 +14,10 @@ def add_audit_parser(sub) -> None:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     s.add_argument("--model", default=d.model, help="model spec (embedded name, .gguf, HF id/dir, tiny-llama)")
     s.add_argument("--layers", default=d.layers, help="'default' (1, L/2, L), 'all' or e.g. 1,8,15")
-    s.add_argument("--surface", default=d.surface, help="what leaks: states (kv, logits, projection:k planned)")
+    s.add_argument("--surface", default=d.surface, help=f"what leaks: {SURFACES_HELP}")
     s.add_argument("--defenses", default=DEFAULT_DEFENSES,
-                   help="none, noise:SIGMA (relative), quant:int8|int4|fp8, project:K (vocabularies <= 4096 "
-                        "for now); a bare value continues the previous family: noise:0.01,0.1")
+                   help="applied to what leaks: none, noise:SIGMA (relative), quant:int8|int4|fp8, project:K (states "
+                        "only); a bare value continues the previous family: noise:0.01,0.1")
     s.add_argument("--prompts", default=d.prompts, help="corpus spec NAME:N,... (see `sipit corpora`) or a .txt file")
     s.add_argument("--length", type=int, default=d.length, help="tokens per corpus prompt")
     s.add_argument("--policy", default=d.policy, help="SipIt policy: learned, exhaustive, random, gradient")
@@ -24,7 +25,7 @@ def add_audit_parser(sub) -> None:
                    help="noise attack on vocabularies > 4096: policy top-k + k random per position (an upper "
                         "bound, not a certificate); 0 = every token (certified, slow)")
     s.add_argument("--max-candidates", type=int, default=d.max_candidates,
-                   help="SipIt attacks (none, quant): tokens tried per position before the prompt counts as "
+                   help="SipIt attacks (none, quant, project): tokens tried per position before the prompt counts as "
                         "not recovered; 0 = the whole vocabulary")
     s.add_argument("--trials", type=int, default=d.trials, help="noisy copies per prompt and sigma")
     s.add_argument("--geometry-prompts", type=int, default=d.geometry_prompts,

@@ -1,4 +1,7 @@
-"""Defences a system might apply to the states it stores or sends, and what each one leaves.
+"""Defences a system might apply to what it stores or sends, and what each one leaves.
+
+Written for states h [..., T, d]; every defence but project:k acts the same on any surface's rows
+(K/V, logits, projected states: audit/surfaces.py applies it there).
 
     none          the states as computed
     noise:σ       per position, a random direction of norm σ‖h_t‖ (robust.add_noise)

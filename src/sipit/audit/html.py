@@ -20,7 +20,7 @@ def plot_tradeoff(report: dict, layer: int, path: Path) -> Path:
     defence family; the tables give Δ cross-entropy too."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    cells = [c for c in report["cells"] if c["layer"] == layer]
+    cells = [c for c in report["cells"] if c["layer"] == layer and c["utility"] is not None]
     for family, (color, marker) in FAMILY_STYLE.items():
         fam = sorted((c for c in cells if c["family"] == family), key=lambda c: c["strength"])
         if not fam:
@@ -34,7 +34,7 @@ def plot_tradeoff(report: dict, layer: int, path: Path) -> Path:
                             fontsize=7, color=color)
     ax.set_xlim(-0.03, 1.03)
     ax.set_ylim(-0.05, 1.05)
-    return _finish(plt, fig, ax, path, f"{report['model']} layer {layer}: privacy vs utility",
+    return _finish(plt, fig, ax, path, f"{report['model']} ({report['surface']}) layer {layer}: privacy vs utility",
                    "utility cost: share of next-token predictions changed (1 − top-1 agreement)",
                    "exact prompt recovery rate")
 
@@ -50,8 +50,8 @@ def plot_margins(report: dict, path: Path) -> Path:
                         label=f"layer {layer}")
         ax.axhline(max(m["radius_rel_min"], 1e-12), color=line.get_color(), ls=":", lw=1)
     ax.set_yscale("log")
-    return _finish(plt, fig, ax, path, f"{report['model']}: margins of the attacked prompts",
-                   "fraction of positions", "relative margin Δ_t / ‖h_t‖ (dotted: radius ρ)")
+    return _finish(plt, fig, ax, path, f"{report['model']} {report['surface']}: margins",
+                   "fraction of positions", "relative margin Δ_t / ‖ĥ_t‖ (dotted: radius ρ)")
 
 
 def _finish(plt, fig, ax, path: Path, title: str, xlabel: str, ylabel: str) -> Path:
@@ -81,12 +81,12 @@ def _pct(x) -> str:
 def _cell_rows(cells: list[dict]) -> str:
     rows = []
     for c in cells:
-        a, u = c["attack"], c["utility"]
+        a, u = c["attack"], c["utility"] or dict(delta_ce=None, top1_agreement=None)
         rows.append("<tr>" + "".join(f"<td>{v}</td>" for v in (
-            html.escape(c["defense"]), _pct(a["exact_rate"]), _pct(a["token_accuracy"]),
+            html.escape(c["surface"]), html.escape(c["defense"]), _pct(a["exact_rate"]), _pct(a["token_accuracy"]),
             _num(a["seconds_per_prompt"]), _num(a["candidates_per_position"], ".1f"), _pct(a.get("certified_share")),
-            f"{u['delta_ce']:+.3g}", _pct(u["top1_agreement"]))) + "</tr>")
-    head = "".join(f"<th>{h}</th>" for h in ("defence", "exact recovery", "token accuracy", "s / prompt",
+            _num(u["delta_ce"], "+.3g"), _pct(u["top1_agreement"]))) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("surface", "defence", "exact recovery", "token accuracy", "s / prompt",
                                               "candidates / position", "certified", "Δ CE (nats/token)",
                                               "top-1 agreement"))
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
@@ -106,10 +106,12 @@ def _examples(cells: list[dict]) -> str:
 def _geometry(info: dict) -> str:
     g, m = info["geometry"], info["margins"]
     mq = m["margin_quantiles"]
-    return (f"<p><b>Geometry.</b> Minimum distance between last-token states of {g['prompts']} sampled prompts "
+    return (f"<p><b>Geometry</b> (observed through {html.escape(info['observed_through'])}). Minimum distance "
+            f"between last-token observations of {g['prompts']} sampled prompts "
             f"({g['pairs']:,} pairs, exact): {_num(g['min_distance'])} ({_num(g['min_relative'])} of the median "
-            f"norm {g['median_norm']:.3g}); structural pairs (identical embedding rows): {g['structural_pairs']}. "
-            f"Per-position margin Δ_t/‖h_t‖ of the attacked prompts: min {_num(mq['0.0'])}, "
+            f"norm {g['median_norm']:.3g}); structural pairs (identical embedding rows; "
+            f"at the embedding layer, equal last tokens): {g['structural_pairs']}. "
+            f"Per-position margin Δ_t/‖ĥ_t‖ of the attacked prompts: min {_num(mq['0.0'])}, "
             f"1% {_num(mq['0.01'])}, "
             f"median {_num(mq['0.5'])}. Noise radius ρ ({html.escape(m['bound'])}): min {_num(m['radius_rel_min'])}, "
             f"median {_num(m['radius_rel_median'])}. One-time calibration of the attack's policy: "
@@ -131,12 +133,15 @@ def write_page(report: dict, out: Path) -> Path:
     sections = []
     for layer, info in sorted(report["layers"].items(), key=lambda kv: int(kv[0])):
         cells = [c for c in report["cells"] if c["layer"] == int(layer)]
-        png = plot_tradeoff(report, int(layer), out / f"tradeoff_L{int(layer):03d}.png")
+        plot = _img(plot_tradeoff(report, int(layer), out / f"tradeoff_L{int(layer):03d}.png"),
+                    f"privacy vs utility, layer {layer}") if any(c["utility"] for c in cells) else \
+            "<p><small>No privacy/utility plot: no defence here has a utility cost.</small></p>"
         methods = sorted({f"{c['family']}: {c['attack']['method']}" for c in cells})
         sections.append(f"<h2>Layer {layer} of {report['n_layers']}</h2>"
+                        f"<p>What leaks: {html.escape(info['leaks'])}.</p>"
                         f"<p class=verdict>{html.escape(info['verdict'])}</p>"
                         f"{_cell_rows(cells)}<p><small>Attacks: {html.escape('; '.join(methods))}.</small></p>"
-                        f"{_geometry(info)}{_img(png, f'privacy vs utility, layer {layer}')}"
+                        f"{_geometry(info)}{plot}"
                         f"{_examples(cells)}")
     verdicts = "".join(f"<li>{html.escape(i['verdict'])}</li>" for _, i in
                        sorted(report["layers"].items(), key=lambda kv: int(kv[0])))
@@ -144,21 +149,21 @@ def write_page(report: dict, out: Path) -> Path:
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{title}</title>
 <style>{STYLE}</style></head><body>
 <h1>Does {html.escape(report['model'])} leak the prompt?</h1>
-<p>Surface <b>{html.escape(cfg['surface'])}</b> (the residual stream at each audited layer, every position), attacked
+<p>Surface <b>{html.escape(report['surface'])}</b> (what leaks is named per layer below; defences act on it), attacked
 by SipIt on {report['prompts']} prompts ({html.escape(cfg['prompts'])}, lengths {report['prompt_lengths']}).
-Utility is measured on {report['utility_tokens']} held-out tokens ({html.escape(cfg['utility_text'])}) with the
-defence applied to the residual stream at that layer and the forward pass continued.
+Utility is measured on {report['utility_tokens']} held-out tokens ({html.escape(cfg['utility_text'])}):
+{html.escape(report['utility_note'])}.
 Model fingerprint {report['fingerprint']}; {report['threads']} threads; load {report['load']};
 {report['seconds_this_run']} s this run.</p>
 <h2>Verdicts</h2><ul>{verdicts}</ul>
 <p><b>How to read.</b> <i>Exact recovery</i>: share of prompts recovered token for token. <i>Certified</i>: for
-undefended/quantized states, the share of positions with a certificate (every other token shown farther than ε;
-n/a when the engine does not report it); for noise, the share of prompts whose certified radius exceeds σ; for
-a projection, the share of positions where only the true token is within ε of the projected observation.
-<i>Δ CE</i>: extra next-token cross-entropy when the model continues from the defended residual stream
-(0 = free); <i>top-1 agreement</i>: share of next-token predictions unchanged. A defence works when it drives
-exact recovery to 0 at a small Δ CE. The radius ρ is the relative noise every audited prompt provably survives
-(Theorem 3.2): no noise defence below ρ can work.</p>
+SipIt attacks (none, quant, project), the share of positions with a certificate (every other token shown farther
+than ε; n/a when the engine does not report it); for noise, the share of prompts whose certified radius exceeds σ.
+<i>Δ CE</i>: extra next-token cross-entropy when the model reads the defended surface (0 = free; n/a when the
+model never reads it); <i>top-1 agreement</i>: share of next-token predictions unchanged. A defence works when it
+drives exact recovery to 0 at a small Δ CE. Distances, margins and the radius ρ are measured in the surface's own
+observation space; ρ is the relative noise (on what leaks) every audited prompt provably survives (Theorem 3.2):
+no noise defence below ρ can work.</p>
 {''.join(sections)}
 <h2>Margins</h2>{_img(margins, 'margins per layer')}
 </body></html>

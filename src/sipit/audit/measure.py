@@ -1,15 +1,21 @@
 """The three measurements of an audit cell (surface, layer, defence): attack, geometry, utility.
 
-attack     SipIt through the public API. `none` and `quant`: `invert()` on the defended states
-           (quant: ε from the storage format's worst-case error, which the attacker can compute).
-           `noise`: robust.py's nearest-candidate decoding by an attacker who knows σ; one pass of
-           the candidates serves every σ of the layer and the certified radius.
-geometry   the exact minimum pairwise distance of last-token states of sampled prompts at the
-           layer (collisions engine), and per-position margins Δ_t / ‖ĥ_t‖ with the certified
-           noise radius ρ of Theorem 3.2 (robust.py).
-utility    the defence applied to the residual stream at the layer (models.edit), the forward
-           pass continued: change of next-token cross-entropy (nats/token) and top-1 agreement
-           with the undefended model on held-out text.
+Every measurement goes through the surface (audit/surfaces.py): what leaks, the defence applied to
+it, and the tap whose observation space SipIt, the margins and the collisions use.
+
+attack     SipIt through the public API. `none`, `quant` and `project`: `invert()` on the defended
+           observations through the surface's tap (project:k on states: a ProjectedTap with the
+           defence's P, any vocabulary); quant: ε from the storage format's worst-case error, which
+           the attacker can compute. `noise`: robust.py's nearest-candidate decoding by an attacker
+           who knows σ, the noise drawn on what leaks; one pass of the candidates serves every σ of
+           the layer and the certified radius.
+geometry   the exact minimum pairwise distance of last-token observations of sampled prompts
+           (collisions engine), and per-position margins Δ_t / ‖ĥ_t‖ with the certified noise
+           radius ρ of Theorem 3.2 (robust.py), in the surface's observation space.
+utility    the defence applied inside the forward pass (surface.edit: the residual stream at ℓ, or
+           block ℓ's KV cache), or to the logits themselves: change of next-token cross-entropy
+           (nats/token) and top-1 agreement with the undefended model on held-out text. None for a
+           projection (not a forward-pass intervention).
 """
 from __future__ import annotations
 
@@ -20,11 +26,11 @@ from torch import Tensor
 
 from ..collisions.common import analyse_layer, embedding_classes, group_ids
 from ..invert import InvertConfig, invert
-from ..invert.robust import RobustConfig, Robustness, RobustnessResult
 from ..invert.eps import tolerance_for
-from ..models import LM, LayerTap, run_layers
-from ..models.edit import edit_layer
-from .defenses import Defense, projection, quant_error_bound
+from ..invert.robust import RobustConfig, Robustness, RobustnessResult
+from ..models import LM
+from .defenses import Defense
+from .surfaces import Surface
 
 N_EXAMPLES = 3
 
@@ -32,22 +38,23 @@ N_EXAMPLES = 3
 # ---------------------------------------------------------------- attack
 
 
-def attack_invert(lm: LM, tap: LayerTap, defense: Defense, prompts: list[list[int]], policy: str,
+def attack_invert(lm: LM, surface: Surface, defense: Defense, prompts: list[list[int]], policy: str,
                   seed: int = 0, max_candidates: int | None = None) -> dict:
-    """SipIt on the defended observations (`tap.states`) of `prompts` (none or quant), trying at most
-    `max_candidates` tokens per position. -> the cell's attack dict."""
-    layer = tap.layer
-    observed = [defense.observe(tap.states(torch.tensor(ids, device=lm.device)), seed) for ids in prompts]
-    eps, how = None, "SipIt, eps from the states' dtype"
+    """SipIt on the defended observations of `prompts` (none, quant or project), through the surface's
+    tap, trying at most `max_candidates` tokens per position. -> the cell's attack dict."""
+    tap = surface.tap_for(defense, seed)
+    stored = [surface.defend(defense, surface.leak(ids), seed) for ids in prompts]
+    observed = [surface.observe(s) for s in stored]
+    eps, how = None, f"SipIt through {tap.key}, eps from the observations' dtype"
     if defense.family == "quant":  # the attacker accepts anything within the format's own error
-        bound = max(float(quant_error_bound(o, defense.param).max()) for o in observed)
+        bound = max(float(surface.error_bound(s, defense.param).max()) for s in stored)
         eps = bound * 1.01 + tolerance_for(tap, {torch.float32}).eps
-        how = (f"SipIt, eps = worst-case {defense.param} storage error (+1%) = {eps:.3g} (greedy: a wrong token "
-               "within eps ends the attempt; a joint or backtracking attacker may recover more)")
+        how = (f"SipIt through {tap.key}, eps = worst-case {defense.param} storage error (+1%) = {eps:.3g} (greedy: "
+               "a wrong token within eps ends the attempt; a joint or backtracking attacker may recover more)")
     if max_candidates is not None and max_candidates < lm.vocab_size:
         how += f", at most {max_candidates} candidates per position"
     config = InvertConfig(policy=policy, eps=eps, max_candidates=max_candidates)
-    res = invert(lm, observed, layer, config, progress=False, true_ids=prompts)
+    res = invert(lm, observed, tap.layer, config, progress=False, true_ids=prompts, tap=tap)
     s = res.summary()
     return dict(method=how, eps=res.eps, exact_rate=s["exact_match_rate"], token_accuracy=s["token_accuracy"],
                 seconds_per_prompt=s["seconds_per_prompt_mean"], candidates_per_position=s["candidates_per_position"],
@@ -63,18 +70,20 @@ def certified_share(summary: dict) -> float | None:
     return None if pct is None else pct / 100
 
 
-def robustness(lm: LM, layer: int, prompts: list[list[int]], sigmas: list[float], config: RobustConfig,
+def robustness(lm: LM, surface: Surface, prompts: list[list[int]], sigmas: list[float], config: RobustConfig,
                progress: bool = False) -> tuple[RobustnessResult, float]:
-    """robust.py on `prompts` with σ = 0 and `sigmas` (one candidate pass per prompt serves all).
-    Also returns the seconds its policy spent calibrating (0 when cached): the audit's one-time cost."""
+    """robust.py on `prompts` with σ = 0 and `sigmas` (one candidate pass per prompt serves all), in the
+    surface's observation space with its noise. Also returns the seconds its policy spent calibrating
+    (0 when cached): the audit's one-time cost."""
     from tqdm.auto import tqdm
 
     config = RobustConfig(**{**config.__dict__, "sigmas": tuple(sorted({0.0, *sigmas}))})
-    engine = Robustness(lm, layer, config)
-    res = RobustnessResult(model=lm.name, layer=layer, final_norm=False, config=config,
+    tap = surface.tap
+    engine = Robustness(lm, tap.layer, config, tap=tap, noise=surface.noise)
+    res = RobustnessResult(model=lm.name, layer=tap.layer, final_norm=tap.final_norm, config=config,
                            exhaustive=config.candidates is None)
     t0 = time.perf_counter()
-    for ids in tqdm(prompts, desc=f"noise L{layer}", unit="prompt", disable=not progress, leave=False):
+    for ids in tqdm(prompts, desc=f"noise {tap.key}", unit="prompt", disable=not progress, leave=False):
         res.prompts.append(engine.prompt(ids))
     res.seconds = time.perf_counter() - t0
     return res, getattr(engine.policy, "calibration_seconds", 0.0)
@@ -105,59 +114,20 @@ def _prefix_example(lm: LM, ids: list[int], correct: int) -> dict:
                 exact=correct == len(ids), status=f"exact through position {correct} of {len(ids)}")
 
 
-@torch.no_grad()
-def attack_projection(lm: LM, tap: LayerTap, defense: Defense, prompts: list[list[int]], seed: int = 0,
-                      batch: int = 512) -> dict:
-    """project:k by nearest-candidate decoding over every token, the attacker knowing P [k, d]: at each
-    position the token whose projected state on the recovered prefix is nearest the observed h_t Pᵀ.
-    A position is certified when the true token is within ε of the observation and every other
-    token (outside its duplicate class) farther than ε, relatively (the SipIt rule on this surface)."""
-    canon, eps = embedding_classes(lm).to(lm.device), tolerance_for(tap, {torch.float32}).eps
-    P = projection(lm.d_model, defense.param, seed, lm.device).double()  # [k, d]
-    vocab = torch.arange(lm.vocab_size, device=lm.device)
-    rows, t0 = [], time.perf_counter()
-    for ids in prompts:
-        obs = tap.states(torch.tensor(ids, device=lm.device)).double() @ P.T  # [T, k]
-        correct, certified = 0, 0
-        for t, true in enumerate(ids):
-            prefix = tap.prefill(torch.tensor(ids[:t], device=lm.device))
-            d = torch.cat([(tap.extend(prefix, b).double() @ P.T - obs[t]).norm(dim=-1) for b in vocab.split(batch)])
-            d = d / obs[t].norm().clamp_min(1e-30)  # [V] relative
-            same = canon == canon[true]  # the true token's class of identical embedding rows
-            certified += bool(d[same].min() <= eps < d[~same].min()) if (~same).any() else bool(d[same].min() <= eps)
-            if not same[int(d.argmin())]:
-                break  # decoding on a wrong prefix: exact recovery is lost
-            correct += 1
-        rows.append(dict(ids=ids, correct=correct, certified=certified))
-    n_pos = sum(len(r["ids"]) for r in rows)
-    return dict(method=f"nearest-candidate decoding over every token, P known ({defense.param} of {lm.d_model} dims)",
-                exact_rate=sum(r["correct"] == len(r["ids"]) for r in rows) / len(rows),
-                token_accuracy=sum(r["correct"] / len(r["ids"]) for r in rows) / len(rows),
-                token_accuracy_note="correct prefix before the first wrong position",
-                seconds_per_prompt=round((time.perf_counter() - t0) / len(rows), 4),
-                candidates_per_position=float(lm.vocab_size),
-                certified_share=sum(r["certified"] for r in rows) / n_pos,
-                certified_note=f"positions decoded with only the true token's class within eps={eps:g}",
-                examples=[_prefix_example(lm, r["ids"], r["correct"]) for r in rows[:N_EXAMPLES]])
-
-
 # ---------------------------------------------------------------- geometry
 
 
 @torch.no_grad()
-def last_token_states(lm: LM, prompts: list[list[int]], layers: list[int], batch: int = 64) -> dict[int, Tensor]:
-    """Last-token states of equal-length prompts at each layer. -> {layer: [N, d]} (CPU)"""
-    parts: dict[int, list[Tensor]] = {layer: [] for layer in layers}
-    for i in range(0, len(prompts), batch):
-        ids = torch.tensor(prompts[i:i + batch], device=lm.device)
-        for layer, h in zip(layers, run_layers(lm, layers, ids=ids)):
-            parts[layer].append(h[:, -1].cpu())
-    return {layer: torch.cat(p) for layer, p in parts.items()}
+def last_token_observations(tap, prompts: list[list[int]], batch: int = 64) -> Tensor:
+    """What `tap` observes at the last position of equal-length prompts. -> [N, tap.dim] (CPU)"""
+    return torch.cat([tap.states(torch.tensor(prompts[i:i + batch], device=tap.lm.device))[:, -1].cpu()
+                      for i in range(0, len(prompts), batch)])
 
 
 def collisions(lm: LM, prompts: list[list[int]], layer: int, states: Tensor) -> dict:
-    """Exact minimum distance among the last-token states [N, d] of `prompts` at `layer`, with
-    structural classes (duplicate embedding rows) set apart."""
+    """Exact minimum distance among the last-token observations [N, dim] of `prompts`, a function of the
+    states at `layer`, with structural classes set apart (duplicate embedding rows; at layer 0 the last
+    token alone)."""
     canon = embedding_classes(lm).tolist()
     keys = [canon[p[-1]] if layer == 0 else tuple(canon[v] for v in p) for p in prompts]
     a = analyse_layer(states, group_ids(keys), layer=layer, threshold=1e-6, keep=5)
@@ -182,17 +152,26 @@ def margins(res: RobustnessResult, calibration_seconds: float = 0.0) -> dict:
 
 
 @torch.no_grad()
-def next_token(lm: LM, ids: Tensor) -> tuple[float, Tensor]:
-    """ids [B, T] -> (mean next-token cross-entropy in nats, predicted ids [B, T-1])."""
-    logits = lm.logits(ids)[:, :-1].float()
+def next_token(lm: LM, ids: Tensor, logits: Tensor | None = None) -> tuple[float, Tensor]:
+    """ids [B, T] (and their logits [B, T, V]; default lm.logits) -> (mean next-token cross-entropy in
+    nats, predicted ids [B, T-1])."""
+    logits = (lm.logits(ids) if logits is None else logits)[:, :-1].float()
     ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
     return float(ce), logits.argmax(-1)
 
 
-def utility(lm: LM, layer: int, defense: Defense, ids: Tensor, clean: tuple[float, Tensor], seed: int = 0) -> dict:
-    """The defence applied to the residual stream at `layer` of held-out ids [B, T], forward continued."""
+@torch.no_grad()
+def utility(lm: LM, surface: Surface, defense: Defense, ids: Tensor, clean: tuple[float, Tensor],
+            seed: int = 0) -> dict | None:
+    """The defence applied where the model reads the surface (surface.edit; logits: the logits of
+    held-out ids [B, T] themselves). None for a projection: the model never reads one."""
+    if surface.kind == "projection":
+        return None
     ce0, top0 = clean
-    with edit_layer(lm, layer, lambda h: defense.residual(h, seed)):
-        ce, top = next_token(lm, ids)
+    if surface.kind == "logits":
+        ce, top = next_token(lm, ids, surface.defend(defense, lm.logits(ids), seed))
+    else:
+        with surface.edit(defense, seed):
+            ce, top = next_token(lm, ids)
     return dict(ce_clean=ce0, ce_defended=ce, delta_ce=ce - ce0, top1_agreement=float((top == top0).double().mean()),
                 tokens=int(top.numel()))

@@ -22,25 +22,19 @@ from ..collisions.common import cached_json, open_run_dir, parse_layers
 from ..corpora import sample
 from ..invert.robust import RobustConfig
 from ..io import SipitError, write_json
-from ..models import LM, LayerTap
+from ..models import LM
 from . import measure
 from .defenses import Defense, parse_defenses
+from .surfaces import check_defenses, make_surface, parse_surface, spec_name
 
 DEFAULT_DEFENSES = "none,noise:0.001,0.01,0.03,0.1,0.3,1,3,10,quant:int8,fp8,int4"
-
-
-# surface name -> tap factory (lm, layer) -> a tap whose .states / .prefill / .extend give what leaks.
-# Only `states` today; sipit.models.surfaces (issue 16) plugs kv / logits / projection:k in here
-# (and `invert` must then compare observations of that surface: see measure.attack_invert).
-SURFACES = {"states": LayerTap}
-PLANNED_SURFACES = ("kv", "logits", "projection")
 
 
 @dataclass
 class AuditConfig:
     model: str = "smollm2"
     layers: str = "default"  # 'default' (1, L/2, L), 'all' or '1,8,15'
-    surface: str = "states"
+    surface: str = "states"  # states | kv[:keys|values|both] | logits | projection:K[:gaussian|pca|coords]
     defenses: str = DEFAULT_DEFENSES
     prompts: str = "prose:8,code:2"  # corpus spec NAME:N,... or a .txt file (one prompt per line)
     length: int = 20  # tokens per corpus prompt
@@ -59,12 +53,6 @@ class AuditConfig:
 
 def resolve(lm: LM, cfg: AuditConfig) -> tuple[list[int], list[Defense]]:
     """Validate the options against the model: layers, surface, defences. Raises SipitError."""
-    surface = cfg.surface.split(":")[0]
-    if surface not in SURFACES:
-        if surface in PLANNED_SURFACES:
-            raise SipitError(f"surface {cfg.surface!r} is not supported by `sipit audit` yet: it needs the "
-                             f"observation surfaces of issue 16 (sipit.models.surfaces); use --surface states")
-        raise SipitError(f"unknown surface {cfg.surface!r}: use states (kv, logits, projection:k planned)")
     for name, value, low in (("trials", cfg.trials, 1), ("candidates", cfg.candidates or 1, 1),
                              ("max-candidates", cfg.max_candidates or 1, 1),
                              ("geometry-prompts", cfg.geometry_prompts, 4), ("length", cfg.length, 1),
@@ -76,12 +64,11 @@ def resolve(lm: LM, cfg: AuditConfig) -> tuple[list[int], list[Defense]]:
     if cfg.policy not in POLICIES:
         raise SipitError(f"unknown policy {cfg.policy!r}: use one of {', '.join(POLICIES)}")
     L = lm.n_layers
-    layers = sorted({1, L // 2, L}) if cfg.layers == "default" else parse_layers(cfg.layers, lm)
+    logits = cfg.surface.split(":")[0] == "logits"  # one layer: the last
+    layers = ([L] if logits else sorted({1, L // 2, L})) if cfg.layers == "default" else parse_layers(cfg.layers, lm)
+    spec = parse_surface(lm, cfg.surface, layers)
     defenses = parse_defenses(cfg.defenses, lm.d_model)
-    if any(d.family == "project" for d in defenses) and lm.vocab_size > cfg.exhaustive_below:
-        raise SipitError(f"defence project:k is attacked here by trying every token at every position, too slow "
-                         f"for a vocabulary of {lm.vocab_size:,} (limit {cfg.exhaustive_below:,}); on large "
-                         "models it needs the projection surface of issue 16 (sipit.models.surfaces)")
+    check_defenses(lm, spec, defenses)
     return layers, defenses
 
 
@@ -107,6 +94,8 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True) ->
     out = Path(out_dir)
     layers, defenses = resolve(lm, cfg)
     prompts = load_prompts(lm, cfg)
+    spec = parse_surface(lm, cfg.surface, layers)
+    surfaces = {layer: make_surface(lm, spec, layer, prompts, cfg.seed) for layer in layers}  # errors before writing
     t0 = time.perf_counter()
     # the weights' fingerprint is part of the config: cells of other weights are never reused
     open_run_dir(out, "audit", dict(asdict(cfg), fingerprint=lm.fingerprint), dict(model=lm.name, n_layers=lm.n_layers))
@@ -119,23 +108,16 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True) ->
     V = lm.vocab_size
     rcfg = RobustConfig(trials=cfg.trials, policy=cfg.policy, seed=cfg.seed,
                         candidates=None if V <= cfg.exhaustive_below else cfg.candidates)
-    geo_states = None
     cells, per_layer = [], {}
     bar = tqdm(total=len(layers) * (len(defenses) + 2), desc=f"audit {lm.name}", unit="cell", disable=not progress)
     for layer in layers:
-        d = out / "cells" / cfg.surface / f"L{layer:03d}"
-        tap = SURFACES[cfg.surface](lm, layer)
-
-        def geometry():
-            nonlocal geo_states
-            if geo_states is None:  # one forward pass over the sampled prompts serves every layer
-                geo_states = measure.last_token_states(lm, geo_prompts, layers)
-            return measure.collisions(lm, geo_prompts, layer, geo_states[layer])
-
-        geo = cached_json(d / "geometry.json", geometry)
+        surface = surfaces[layer]
+        d = out / "cells" / surface.name.replace(":", "_") / f"L{layer:03d}"
+        geo = cached_json(d / "geometry.json", lambda: measure.collisions(
+            lm, geo_prompts, surface.input_layer, measure.last_token_observations(surface.tap, geo_prompts)))
         bar.update()
         rob = cached_json(d / "robustness.json",
-                          lambda: _robust_dict(*measure.robustness(lm, layer, prompts, sigmas, rcfg, progress)))
+                          lambda: _robust_dict(*measure.robustness(lm, surface, prompts, sigmas, rcfg, progress)))
         bar.update()
         for defense in defenses:
             bar.set_postfix_str(f"L{layer} {defense.name}")
@@ -143,21 +125,21 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True) ->
             def cell():
                 if defense.family == "noise":
                     attack = measure.attack_noise(lm, _robust_result(rob), defense.param)
-                elif defense.family == "project":
-                    attack = measure.attack_projection(lm, tap, defense, prompts, cfg.seed)
                 else:
-                    attack = measure.attack_invert(lm, tap, defense, prompts, cfg.policy, cfg.seed,
+                    attack = measure.attack_invert(lm, surface, defense, prompts, cfg.policy, cfg.seed,
                                                    cfg.max_candidates)
-                return dict(surface=cfg.surface, layer=layer, defense=defense.name, family=defense.family,
+                return dict(surface=surface.name, layer=layer, defense=defense.name, family=defense.family,
                             strength=defense.strength, attack=attack,
-                            utility=measure.utility(lm, layer, defense, held, clean, cfg.seed))
+                            utility=measure.utility(lm, surface, defense, held, clean, cfg.seed))
             cells.append(cached_json(d / f"{defense.name.replace(':', '_')}.json", cell))
             bar.update()
         layer_cells = [c for c in cells if c["layer"] == layer]
-        per_layer[str(layer)] = dict(geometry=geo, margins=rob["margins"],
+        per_layer[str(layer)] = dict(leaks=surface.leaks, observed_through=surface.tap.key, geometry=geo,
+                                     margins=rob["margins"],
                                      verdict=verdict(layer, layer_cells, rob["margins"]))
     bar.close()
-    report = dict(kind="audit", model=lm.name, fingerprint=lm.fingerprint, n_layers=lm.n_layers, d_model=lm.d_model,
+    report = dict(kind="audit", surface=spec_name(spec), utility_note=surfaces[layers[0]].utility_note, model=lm.name,
+                  fingerprint=lm.fingerprint, n_layers=lm.n_layers, d_model=lm.d_model,
                   vocab_size=V, config=asdict(cfg), layers_audited=layers, defenses=[x.name for x in defenses],
                   prompts=len(prompts), prompt_lengths=sorted({len(p) for p in prompts}),
                   utility_tokens=int(held.numel()), layers=per_layer, cells=cells,
@@ -200,9 +182,10 @@ def verdict(layer: int, cells: list[dict], margins: dict) -> str:
             parts.append(f"; no {label} tried stops it ({', '.join(c['defense'] for c in fam)})")
         else:
             u = stop["utility"]
+            cost = "no utility cost measured (not a forward-pass intervention)" if u is None else \
+                f"a cost of {u['delta_ce']:+.3g} nats/token (top-1 agreement {u['top1_agreement']:.0%})"
             parts.append(f"; {label} stops exact recovery by these attacks from {stop['defense']} (tokens still "
-                         f"recovered: {stop['attack']['token_accuracy']:.0%}) at a cost of {u['delta_ce']:+.3g} "
-                         f"nats/token (top-1 agreement {u['top1_agreement']:.0%})")
+                         f"recovered: {stop['attack']['token_accuracy']:.0%}) at {cost}")
     kind = "certified" if margins["exhaustive"] else "estimated (upper bound, candidate subset)"
     parts.append(f". Noise radius ({kind}): rho = {margins['radius_rel_min']:.3g}; "
                  + ("relative noise below it provably cannot stop recovery of these prompts."

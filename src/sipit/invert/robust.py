@@ -101,7 +101,7 @@ class RobustnessResult:
 def add_noise(states: Tensor, sigma: float, generator: torch.Generator | None = None) -> Tensor:
     """states [..., T, d] -> states + e with ‖e_t‖ = σ‖ĥ_t‖ per position, random direction."""
     h = states.double()
-    u = torch.randn(h.shape, generator=generator, dtype=torch.float64)
+    u = torch.randn(h.shape, generator=generator, dtype=torch.float64).to(h.device)  # drawn on the CPU: reproducible
     u = u / u.norm(dim=-1, keepdim=True)
     return (h + sigma * h.norm(dim=-1, keepdim=True) * u).to(states.dtype)
 
@@ -109,9 +109,13 @@ def add_noise(states: Tensor, sigma: float, generator: torch.Generator | None = 
 class Robustness:
     """Margins and noisy decoding for one (model, layer, norm); reusable across prompts."""
 
-    def __init__(self, lm: LM, layer: int, config: RobustConfig | None = None, final_norm: bool = False):
-        self.lm, self.config = lm, config or RobustConfig()
-        self.tap = LayerTap(lm, layer, final_norm=final_norm)
+    def __init__(self, lm: LM, layer: int, config: RobustConfig | None = None, final_norm: bool = False,
+                 tap=None, noise=add_noise):
+        """tap: what is observed (default LayerTap(lm, layer, final_norm); a surface's tap puts margins,
+        radii and decoding in its observation space). noise(clean [R, T, dim], σ, generator) -> the noisy
+        observations: how a defence of level σ perturbs them (default add_noise)."""
+        self.lm, self.config, self.noise = lm, config or RobustConfig(), noise
+        self.tap = tap if tap is not None else LayerTap(lm, layer, final_norm=final_norm)
         self.dups = duplicate_classes(lm)
         self.policy = None
         if self.config.candidates is not None:
@@ -139,7 +143,7 @@ class Robustness:
         clean = (self.tap.states(ids_t) if states is None else states).double()  # [T, d]
         gen = torch.Generator().manual_seed(cfg.seed + sum(ids) % 100_003)
         S, R = len(cfg.sigmas), cfg.trials
-        noisy = torch.stack([add_noise(clean[None].expand(R, T, -1), s, gen) for s in cfg.sigmas])  # [S, R, T, d]
+        noisy = torch.stack([self.noise(clean[None].expand(R, T, -1), s, gen) for s in cfg.sigmas])  # [S, R, T, d]
         noisy = noisy.reshape(S * R, T, -1)
         alive = torch.ones(S * R, dtype=torch.bool)  # correct so far
         first_error: list[int | None] = [None] * (S * R)
