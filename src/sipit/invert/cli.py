@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -170,15 +171,18 @@ def cmd_invert(args):
     skipped = [job for job in jobs if summaries[job.path] is not None]
     for job in skipped:
         print(file_line(job, summaries[job.path], "done before, skipped"))
+    t0, inverted = time.perf_counter(), 0
     for job, result in invert_files(engine, [j for j in jobs if j not in skipped], args):
         summaries[job.path] = write_results(job, result, args.noise)
+        inverted += len(result.prompts)
         print(file_line(job, summaries[job.path]))
+    wall = time.perf_counter() - t0
     S = list(summaries.values())
     total = {k: sum(s[k] for s in S) for k in ("prompts", "ok", "ambiguous", "failed")}
-    seconds = sum(s["seconds_total"] for s in S)
-    print(f"{len(S)} files ({len(skipped)} done before): {total['ok'] + total['ambiguous']}/{total['prompts']} prompts recovered "
-          f"({total['failed']} failed); {seconds:.1f}s of inversion, "
-          f"{total['prompts'] / max(seconds, 1e-9):.3g} prompts/s")
+    print(f"{len(S)} files ({len(skipped)} done before): {total['ok'] + total['ambiguous']}/{total['prompts']} "
+          f"prompts recovered ({total['failed']} failed); this run inverted {inverted} prompts in {wall:.1f}s "
+          f"({inverted / max(wall, 1e-9):.3g} prompts/s on {args.engine}; tasks' own seconds summed: "
+          f"{sum(s['seconds_total'] for s in S):.1f}s)")
     return 1 if total["failed"] else 0
 
 
