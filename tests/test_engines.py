@@ -20,9 +20,9 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # KillOnce trav
 
 
 def stable(result: dict) -> dict:
-    """A results.json without timings and load."""
+    """A results.json (report.json, ...) without timings, threads and load."""
     if isinstance(result, dict):
-        return {k: stable(v) for k, v in result.items() if k not in ("seconds", "states_seconds", "load")}
+        return {k: stable(v) for k, v in result.items() if "seconds" not in k and k not in ("load", "threads")}
     return [stable(v) for v in result] if isinstance(result, list) else result
 
 
@@ -214,18 +214,8 @@ def test_cli_invert_engine_ray(tmp_path, ray_engine):
 # ---------------------------------------------------------------- many files, audit
 
 
-def capture(path, model, layer, lines):
-    from sipit.cli import main
-
-    text = path.with_suffix(".txt")
-    text.write_text("\n".join(lines) + "\n")
-    assert main(["--threads", "1", "capture", "--model", model, "--layer", str(layer), "--file", str(text),
-                 "-o", str(path)]) == 0
-    text.unlink()
-
-
 @pytest.fixture(scope="module")
-def states_dir(tmp_path_factory):
+def states_dir(tmp_path_factory, capture):
     """Three states files of two models and three layers; c has two chunks of 8 prompts."""
     d = tmp_path_factory.mktemp("states")
     capture(d / "a.safetensors", "tiny-gpt2", 1, ["hello there", "the cat", "abc"])
@@ -239,9 +229,8 @@ def invert_dir(states_dir, out, *options) -> tuple[int, dict]:
     from sipit.cli import main
 
     code = main(["--threads", "1", "invert", str(states_dir), "--policy", "random", "-q", "-o", str(out), *options])
-    strip = lambda d: {k: v for k, v in d.items() if "seconds" not in k}  # noqa: E731
-    rows = {f.name: ([strip(json.loads(s)) for s in f.read_text().splitlines()],
-                     strip(read_json(f.with_suffix(".summary.json")))) for f in sorted(out.glob("*.results.jsonl"))}
+    rows = {f.name: ([stable(json.loads(s)) for s in f.read_text().splitlines()],
+                     stable(read_json(f.with_suffix(".summary.json")))) for f in sorted(out.glob("*.results.jsonl"))}
     return code, rows
 
 
@@ -302,9 +291,6 @@ def test_audit_ray_equals_local(lm, ray_engine, tmp_path, monkeypatch):
     for name in ("attack_invert", "attack_noise", "robustness", "utility"):
         monkeypatch.setattr(measure, name, boom)  # in this process only: Ray's workers measure
     got = run(lm, cfg, tmp_path / "ray", progress=False, engine=ray_engine)
-    untimed = lambda r: stable({k: v for k, v in read_json(r).items() if k != "threads"})  # noqa: E731
-    drop = lambda d: {k: drop(v) for k, v in d.items() if "seconds" not in k} if isinstance(d, dict) else \
-        [drop(v) for v in d] if isinstance(d, list) else d  # noqa: E731
-    assert drop(untimed(tmp_path / "ray" / "report.json")) == drop(untimed(tmp_path / "local" / "report.json"))
+    assert stable(read_json(tmp_path / "ray" / "report.json")) == stable(read_json(tmp_path / "local" / "report.json"))
     assert [c["defense"] for c in got["cells"]] == ["none", "noise:0.5"] * 2 and len(want["layers"]) == 2
     assert len(list((tmp_path / "ray" / "cells").rglob("*.json"))) == 8  # 2 layers × (geometry, robustness, 2 cells)

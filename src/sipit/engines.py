@@ -2,8 +2,9 @@
 
 A sweep (states of prompt batches, the pairwise search over row panels, inversion of prompt
 chunks of one or many files, an audit's cells) is a list of tasks `fn(shared, item)` whose results
-the caller writes to its resumable run directory as they arrive. Both engines run the same tasks, so they give the same results; the Ray
-engine only runs them elsewhere, several at a time, and reruns a task whose worker died.
+the caller writes to its resumable run directory as they arrive. Both engines run the same tasks,
+so they give the same results; the Ray engine only runs them elsewhere, several at a time, and
+reruns a task whose worker died.
 
     engine = make_engine("ray")                  # a local Ray (`ray.init(num_cpus=...)`)
     engine = make_engine("ray:10.0.0.1:6379")    # an existing cluster (sipit installed on it)
@@ -158,35 +159,32 @@ def invert_jobs(engine, jobs: list[InvertJob], chunk: int = 8, progress: bool = 
     """(index, InversionResult) of each job as soon as its last chunk is in. The chunks (`chunk`
     prompts) of all jobs are one list of engine tasks, so many small jobs keep every worker busy;
     a job's prompts keep their order. A chunk found in its job's parts_dir is not run again."""
-    specs, items, parts, paths = [], [], [], []
+    specs, items, paths, spans = [], [], [], []  # spans[j]: job j's item indices
     for j, job in enumerate(jobs):
         states = list(job.states)
-        spec = dict(model=ModelRef.of(job.lm), layer=job.layer, config=job.config, final_norm=job.final_norm)
+        specs.append(dict(model=ModelRef.of(job.lm), layer=job.layer, config=job.config, final_norm=job.final_norm))
         chunks = [(j, states[s : s + chunk], job.true_ids[s : s + chunk] if job.true_ids is not None else None)
                   for s in range(0, len(states), chunk)]
         if job.parts_dir is not None:
-            _claim_parts(Path(job.parts_dir), spec, chunks)
-        specs.append(spec)
+            _claim_parts(Path(job.parts_dir), specs[j], chunks)
+        spans.append(range(len(items), len(items) + len(chunks)))
         items += chunks
-        parts.append([None] * len(chunks))
         paths += [Path(job.parts_dir) / f"chunk_{c:05d}.pkl" if job.parts_dir else None for c in range(len(chunks))]
-    slot = [(j, c) for j, p in enumerate(parts) for c in range(len(p))]  # item k -> (job, chunk)
-    for k, path in enumerate(paths):
-        if path is not None and path.exists():
-            j, c = slot[k]
-            parts[j][c] = pickle.loads(path.read_bytes())
-    todo = [k for k in range(len(items)) if parts[slot[k][0]][slot[k][1]] is None]
-    prompts = lambda ks: sum(len(items[k][1]) for k in ks)  # noqa: E731
-    bar = tqdm(total=prompts(range(len(items))), initial=prompts(range(len(items))) - prompts(todo),
-               disable=not progress, desc=f"sipit ({engine.name})", unit="prompt")
+    done = {k: pickle.loads(p.read_bytes()) for k, p in enumerate(paths) if p is not None and p.exists()}
+    todo = [k for k in range(len(items)) if k not in done]
+    n_prompts = lambda ks: sum(len(items[k][1]) for k in ks)  # noqa: E731
+    bar = tqdm(total=n_prompts(range(len(items))), initial=n_prompts(done), disable=not progress,
+               desc=f"sipit ({engine.name})", unit="prompt")
     finished = set()
 
-    def complete():  # the jobs whose every chunk is in, not yet yielded
-        for j, p in enumerate(parts):
-            if j not in finished and all(r is not None for r in p):
+    def complete():  # the jobs whose every chunk is in, merged, each once
+        for j, span in enumerate(spans):
+            if j not in finished and all(k in done for k in span):
                 finished.add(j)
-                yield j, replace(p[0], prompts=[q for r in p for q in r.prompts], seconds=sum(r.seconds for r in p),
-                                 calibration_seconds=max(r.calibration_seconds for r in p))
+                parts = [done[k] for k in span]
+                yield j, replace(parts[0], prompts=[q for r in parts for q in r.prompts],
+                                 seconds=sum(r.seconds for r in parts),
+                                 calibration_seconds=max(r.calibration_seconds for r in parts))
 
     yield from complete()
     gpu = any(s["model"].device.startswith("cuda") for s in specs)
@@ -194,7 +192,7 @@ def invert_jobs(engine, jobs: list[InvertJob], chunk: int = 8, progress: bool = 
         k = todo[t]
         if paths[k] is not None:
             atomic_write(paths[k], pickle.dumps(res))
-        parts[slot[k][0]][slot[k][1]] = res
+        done[k] = res
         bar.update(len(res.prompts))
         yield from complete()
     bar.close()

@@ -7,16 +7,8 @@ from sipit.cli import main
 import importlib
 
 
-def capture(path, model, layer, lines):
-    text = path.with_suffix(".txt")
-    text.write_text("\n".join(lines) + "\n")
-    assert main(["--threads", "1", "capture", "--model", model, "--layer", str(layer), "--file", str(text),
-                 "-o", str(path)]) == 0
-    text.unlink()
-
-
 @pytest.fixture
-def two_files(tmp_path):
+def two_files(tmp_path, capture):
     """a: tiny-gpt2 layer 1; b: tiny-llama layer 2 (several models in one run)."""
     capture(tmp_path / "a.safetensors", "tiny-gpt2", 1, ["hello there", "the cat"])
     capture(tmp_path / "b.safetensors", "tiny-llama", 2, ["one two three"])

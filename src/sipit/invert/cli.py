@@ -20,7 +20,7 @@ from ..io import SipitError
 STATES_SUFFIXES = (".safetensors", ".npy", ".pt", ".pth")  # what a directory argument contributes
 
 
-@dataclass
+@dataclass(eq=False)
 class FileJob:
     """One states file made ready to invert, and where its results go."""
 
@@ -171,10 +171,10 @@ def cmd_invert(args):
     skipped = [job for job in jobs if summaries[job.path] is not None]
     for job in skipped:
         print(file_line(job, summaries[job.path], "done before, skipped"))
-    t0, inverted = time.perf_counter(), 0
+    t0, inverted, task_seconds = time.perf_counter(), 0, 0.0
     for job, result in invert_files(engine, [j for j in jobs if j not in skipped], args):
         summaries[job.path] = write_results(job, result, args.noise)
-        inverted += len(result.prompts)
+        inverted, task_seconds = inverted + len(result.prompts), task_seconds + result.seconds
         print(file_line(job, summaries[job.path]))
     wall = time.perf_counter() - t0
     S = list(summaries.values())
@@ -182,7 +182,7 @@ def cmd_invert(args):
     print(f"{len(S)} files ({len(skipped)} done before): {total['ok'] + total['ambiguous']}/{total['prompts']} "
           f"prompts recovered ({total['failed']} failed); this run inverted {inverted} prompts in {wall:.1f}s "
           f"({inverted / max(wall, 1e-9):.3g} prompts/s on {args.engine}; tasks' own seconds summed: "
-          f"{sum(s['seconds_total'] for s in S):.1f}s)")
+          f"{task_seconds:.1f}s)")
     return 1 if total["failed"] else 0
 
 
