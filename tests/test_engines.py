@@ -20,9 +20,9 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # KillOnce trav
 
 
 def stable(result: dict) -> dict:
-    """A results.json without timings and load."""
+    """A results.json (report.json, ...) without timings, threads and load."""
     if isinstance(result, dict):
-        return {k: stable(v) for k, v in result.items() if k not in ("seconds", "states_seconds", "load")}
+        return {k: stable(v) for k, v in result.items() if "seconds" not in k and k not in ("load", "threads")}
     return [stable(v) for v in result] if isinstance(result, list) else result
 
 
@@ -85,10 +85,18 @@ def test_make_engine():
         make_engine("dask")
 
 
-def test_without_ray_one_clear_error(monkeypatch):
+def test_without_ray_one_clear_error(monkeypatch, tmp_path, capsys):
+    from sipit.cli import main
+
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(SipitError, match=r"pip install 'sipit\[ray\]'"):
         make_engine("ray")
+    for command in (["invert", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")],
+                    ["audit", "--model", "tiny-llama", "-o", str(tmp_path / "audit")]):
+        assert main([*command, "--engine", "ray"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "pip install 'sipit[ray]'" in err
+    assert not list(tmp_path.iterdir())  # nothing written
 
 
 def test_panels_cover_every_pair_once():
@@ -201,3 +209,88 @@ def test_cli_invert_engine_ray(tmp_path, ray_engine):
     assert [r["ids"] for r in rows["ray"]] == [r["ids"] for r in rows["local"]] and len(rows["ray"]) == 3
     assert len(list((tmp_path / "ray.parts").glob("chunk_*.pkl"))) == 1  # the resume unit of a Ray run
     assert main(["invert", str(states), "--policy", "bruteforce", "--engine", "ray", "-q"]) == 2
+
+
+# ---------------------------------------------------------------- many files, audit
+
+
+@pytest.fixture(scope="module")
+def states_dir(tmp_path_factory, capture):
+    """Three states files of two models and three layers; c has two chunks of 8 prompts."""
+    d = tmp_path_factory.mktemp("states")
+    capture(d / "a.safetensors", "tiny-gpt2", 1, ["hello there", "the cat", "abc"])
+    capture(d / "b.safetensors", "tiny-llama", 2, ["one two three", "four"])
+    capture(d / "c.safetensors", "tiny-gpt2", 2, [f"line {i} of c" for i in range(9)])
+    return d
+
+
+def invert_dir(states_dir, out, *options) -> tuple[int, dict]:
+    """`sipit invert DIR -o OUT` -> (exit code, {file: (result rows without timings, summary without timings)})"""
+    from sipit.cli import main
+
+    code = main(["--threads", "1", "invert", str(states_dir), "--policy", "random", "-q", "-o", str(out), *options])
+    rows = {f.name: ([stable(json.loads(s)) for s in f.read_text().splitlines()],
+                     stable(read_json(f.with_suffix(".summary.json")))) for f in sorted(out.glob("*.results.jsonl"))}
+    return code, rows
+
+
+@pytest.fixture(scope="module")
+def local_files(states_dir, tmp_path_factory):
+    code, rows = invert_dir(states_dir, tmp_path_factory.mktemp("local_files"))
+    assert code == 0 and sorted(rows) == ["a.results.jsonl", "b.results.jsonl", "c.results.jsonl"]
+    assert [len(r) for r, _ in rows.values()] == [3, 2, 9] and all(s["exact_match_rate"] == 1 for _, s in rows.values())
+    return rows
+
+
+def test_cli_invert_many_files_ray_equals_local(states_dir, local_files, tmp_path, ray_engine, capsys, monkeypatch):
+    code, rows = invert_dir(states_dir, tmp_path, "--engine", "ray")
+    assert code == 0 and rows == local_files
+    assert len(list(tmp_path.glob("c.results.parts/chunk_*.pkl"))) == 2
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 4 and printed[-1].startswith("3 files (0 done before): 14/14 prompts recovered (0 failed)")
+    # a crash after c's chunks but before its results: the rerun runs no task and writes c; a and b are skipped
+    (tmp_path / "c.results.jsonl").unlink()
+    monkeypatch.setattr(engines, "make_engine", lambda *a: _NoTasksRay())
+    code, again = invert_dir(states_dir, tmp_path, "--engine", "ray")
+    assert code == 0 and again == local_files
+    assert capsys.readouterr().out.count("(done before, skipped)") == 2
+
+
+class _NoTasksRay(_NoTasks):
+    name = "ray"
+
+
+def test_many_files_worker_killed_mid_run(states_dir, local_files, tmp_path, ray_engine, monkeypatch):
+    marker, written = tmp_path / "killed", []
+    real = engines.atomic_write
+    monkeypatch.setattr(engines, "atomic_write", lambda path, data: (written.append(path), real(path, data))[1])
+    monkeypatch.setattr(engines, "make_engine", lambda *a: KillingRay(marker))
+    code, rows = invert_dir(states_dir, tmp_path / "out", "--engine", "ray")
+    assert marker.exists()  # a worker really died
+    assert code == 0 and rows == local_files
+    chunks = [p for p in written if p.suffix == ".pkl"]
+    assert len(chunks) == len(set(chunks)) == 4  # every chunk written once: none lost, none twice
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.parts/*")) == ["chunk_00000.pkl"] * 3 + \
+        ["chunk_00001.pkl"] + ["key.txt"] * 3
+
+
+AUDIT = dict(model="tiny-llama", layers="1,2", defenses="none,noise:0.5", prompts="prose:2", length=6, policy="random",
+             geometry_prompts=8, utility_text="tech:1", utility_length=12)
+
+
+def test_audit_ray_equals_local(lm, ray_engine, tmp_path, monkeypatch):
+    from sipit.audit import measure
+    from sipit.audit.run import AuditConfig, run
+
+    cfg = AuditConfig(**AUDIT)
+    want = run(lm, cfg, tmp_path / "local", progress=False)
+
+    def boom(*a, **k):
+        raise AssertionError("the driver computed a cell that the engine should have")
+
+    for name in ("attack_invert", "attack_noise", "robustness", "utility"):
+        monkeypatch.setattr(measure, name, boom)  # in this process only: Ray's workers measure
+    got = run(lm, cfg, tmp_path / "ray", progress=False, engine=ray_engine)
+    assert stable(read_json(tmp_path / "ray" / "report.json")) == stable(read_json(tmp_path / "local" / "report.json"))
+    assert [c["defense"] for c in got["cells"]] == ["none", "noise:0.5"] * 2 and len(want["layers"]) == 2
+    assert len(list((tmp_path / "ray" / "cells").rglob("*.json"))) == 8  # 2 layers × (geometry, robustness, 2 cells)

@@ -1,9 +1,10 @@
 """Where a sweep's independent tasks run: in this process (`local`) or on a Ray cluster (`ray`).
 
 A sweep (states of prompt batches, the pairwise search over row panels, inversion of prompt
-chunks) is a list of tasks `fn(shared, item)` whose results the caller writes to its resumable run
-directory as they arrive. Both engines run the same tasks, so they give the same results; the Ray
-engine only runs them elsewhere, several at a time, and reruns a task whose worker died.
+chunks of one or many files, an audit's cells) is a list of tasks `fn(shared, item)` whose results
+the caller writes to its resumable run directory as they arrive. Both engines run the same tasks,
+so they give the same results; the Ray engine only runs them elsewhere, several at a time, and
+reruns a task whose worker died.
 
     engine = make_engine("ray")                  # a local Ray (`ray.init(num_cpus=...)`)
     engine = make_engine("ray:10.0.0.1:6379")    # an existing cluster (sipit installed on it)
@@ -24,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from tqdm import tqdm
 
-from .io import SipitError, atomic_write
+from .io import SipitError, atomic_write, write_json
 
 RAY_INSTALL = "pip install 'sipit[ray]' (or: pip install ray)"
 TASK_RETRIES = 3  # reruns of a task whose worker process died (Ray's default for tasks)
@@ -130,13 +131,71 @@ class RayEngine:
                 ray.cancel(r)
 
 
-def _invert_chunk(job: dict, chunk: tuple[list, list | None]):
-    """An engine task: sipit.invert.invert on a chunk of prompts ([T_i, d] states, true ids)."""
+def _invert_chunk(specs: list[dict], item: tuple[int, list, list | None]):
+    """An engine task: sipit.invert.invert on a chunk of one job's prompts ([T_i, d] states, true ids)."""
     from .invert import invert
 
-    states, true_ids = chunk
-    return invert(worker_model(job["model"]), states, job["layer"], job["config"], final_norm=job["final_norm"],
+    j, states, true_ids = item
+    spec = specs[j]
+    return invert(worker_model(spec["model"]), states, spec["layer"], spec["config"], final_norm=spec["final_norm"],
                   progress=False, true_ids=true_ids)
+
+
+@dataclass
+class InvertJob:
+    """Prompts of one model and layer to invert (sipit.invert.invert's arguments); parts_dir: where
+    each finished chunk is kept (None: nowhere), so that a rerun after a crash continues."""
+
+    lm: Any
+    states: list  # [T_i, d] per prompt
+    layer: int
+    config: Any = None
+    final_norm: bool = False
+    true_ids: list | None = None
+    parts_dir: Path | None = None
+
+
+def invert_jobs(engine, jobs: list[InvertJob], chunk: int = 8, progress: bool = True) -> Iterator[tuple[int, Any]]:
+    """(index, InversionResult) of each job as soon as its last chunk is in. The chunks (`chunk`
+    prompts) of all jobs are one list of engine tasks, so many small jobs keep every worker busy;
+    a job's prompts keep their order. A chunk found in its job's parts_dir is not run again."""
+    specs, items, paths, spans = [], [], [], []  # spans[j]: job j's item indices
+    for j, job in enumerate(jobs):
+        states = list(job.states)
+        specs.append(dict(model=ModelRef.of(job.lm), layer=job.layer, config=job.config, final_norm=job.final_norm))
+        chunks = [(j, states[s : s + chunk], job.true_ids[s : s + chunk] if job.true_ids is not None else None)
+                  for s in range(0, len(states), chunk)]
+        if job.parts_dir is not None:
+            _claim_parts(Path(job.parts_dir), specs[j], chunks)
+        spans.append(range(len(items), len(items) + len(chunks)))
+        items += chunks
+        paths += [Path(job.parts_dir) / f"chunk_{c:05d}.pkl" if job.parts_dir else None for c in range(len(chunks))]
+    done = {k: pickle.loads(p.read_bytes()) for k, p in enumerate(paths) if p is not None and p.exists()}
+    todo = [k for k in range(len(items)) if k not in done]
+    n_prompts = lambda ks: sum(len(items[k][1]) for k in ks)  # noqa: E731
+    bar = tqdm(total=n_prompts(range(len(items))), initial=n_prompts(done), disable=not progress,
+               desc=f"sipit ({engine.name})", unit="prompt")
+    finished = set()
+
+    def complete():  # the jobs whose every chunk is in, merged, each once
+        for j, span in enumerate(spans):
+            if j not in finished and all(k in done for k in span):
+                finished.add(j)
+                parts = [done[k] for k in span]
+                yield j, replace(parts[0], prompts=[q for r in parts for q in r.prompts],
+                                 seconds=sum(r.seconds for r in parts),
+                                 calibration_seconds=max(r.calibration_seconds for r in parts))
+
+    yield from complete()
+    gpu = any(s["model"].device.startswith("cuda") for s in specs)
+    for t, res in engine.map(_invert_chunk, [items[k] for k in todo], specs, gpu=gpu):
+        k = todo[t]
+        if paths[k] is not None:
+            atomic_write(paths[k], pickle.dumps(res))
+        done[k] = res
+        bar.update(len(res.prompts))
+        yield from complete()
+    bar.close()
 
 
 def invert_batch(engine, lm, states: list[torch.Tensor], layer: int, config=None, *, final_norm: bool = False,
@@ -150,34 +209,14 @@ def invert_batch(engine, lm, states: list[torch.Tensor], layer: int, config=None
 
     if isinstance(engine, LocalEngine) and parts_dir is None:
         return invert(lm, states, layer, config, final_norm=final_norm, progress=progress, true_ids=true_ids)
-    states = list(states)
-    starts = range(0, len(states), chunk)
-    items = [(states[s : s + chunk], true_ids[s : s + chunk] if true_ids is not None else None) for s in starts]
-    job = dict(model=ModelRef.of(lm), layer=layer, config=config, final_norm=final_norm)
-    if parts_dir is not None:
-        _claim_parts(Path(parts_dir), job, items)
-    paths = [Path(parts_dir) / f"chunk_{k:05d}.pkl" if parts_dir else None for k in range(len(items))]
-    done = {k: pickle.loads(p.read_bytes()) for k, p in enumerate(paths) if p is not None and p.exists()}
-    todo = [k for k in range(len(items)) if k not in done]
-    bar = tqdm(total=len(states), initial=len(states) - sum(len(items[k][0]) for k in todo), disable=not progress,
-               desc=f"sipit L{layer} ({engine.name})", unit="prompt")
-    gpu = job["model"].device.startswith("cuda")
-    for t, res in engine.map(_invert_chunk, [items[k] for k in todo], job, gpu=gpu):
-        k = todo[t]
-        if paths[k] is not None:
-            atomic_write(paths[k], pickle.dumps(res))
-        done[k] = res
-        bar.update(len(res.prompts))
-    bar.close()
-    parts = [done[k] for k in range(len(items))]
-    return replace(parts[0], prompts=[p for r in parts for p in r.prompts], seconds=sum(r.seconds for r in parts),
-                   calibration_seconds=max(r.calibration_seconds for r in parts))
+    job = InvertJob(lm, list(states), layer, config, final_norm, true_ids, Path(parts_dir) if parts_dir else None)
+    return next(invert_jobs(engine, [job], chunk, progress))[1]
 
 
-def _claim_parts(parts_dir: Path, job: dict, items: list) -> None:
+def _claim_parts(parts_dir: Path, spec: dict, chunks: list) -> None:
     """Make parts_dir hold this job's chunks: refuse one made from other inputs (no stale results)."""
-    h = hashlib.sha256(repr((job["model"], job["layer"], job["config"], job["final_norm"])).encode())
-    for states, true_ids in items:
+    h = hashlib.sha256(repr((spec["model"], spec["layer"], spec["config"], spec["final_norm"])).encode())
+    for _, states, true_ids in chunks:
         for x in states:
             h.update(x.detach().float().cpu().contiguous().numpy().tobytes())
         h.update(repr(true_ids).encode() + b";")
@@ -186,6 +225,24 @@ def _claim_parts(parts_dir: Path, job: dict, items: list) -> None:
         raise SipitError(f"{parts_dir} holds the chunks of another inversion (other states, model, layer, "
                          "config or chunking): delete it or choose another --output")
     atomic_write(path, key + "\n")
+
+
+def _audit_cell(job: dict, spec: tuple):
+    """An engine task: one audit cell (sipit.audit.run.compute_cell) on the worker's model."""
+    from .audit.run import compute_cell
+
+    return compute_cell(worker_model(job["model"]), job["cfg"], job["inputs"], *spec)
+
+
+def audit_cells(engine, lm, cfg, inputs, cells: list[tuple[Path, tuple]], progress: bool = True) -> None:
+    """Each (path, spec) of `cells` computed by compute_cell(lm, cfg, inputs, *spec) as an engine
+    task, its JSON written to path as it finishes (the audit's resume unit)."""
+    job = dict(model=ModelRef.of(lm), cfg=cfg, inputs=inputs)
+    bar = tqdm(total=len(cells), desc=f"audit cells ({engine.name})", unit="cell", disable=not progress or not cells)
+    for k, out in engine.map(_audit_cell, [spec for _, spec in cells], job, gpu=str(lm.device).startswith("cuda")):
+        write_json(cells[k][0], out)
+        bar.update()
+    bar.close()
 
 
 def import_ray():

@@ -9,6 +9,8 @@ from .surfaces import SURFACES_HELP
 
 
 def add_audit_parser(sub) -> None:
+    from ..engines import add_engine_options
+
     d = AuditConfig()
     s = sub.add_parser("audit", help="does this leak the prompt, and what would stop it? (HTML report)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -34,10 +36,12 @@ def add_audit_parser(sub) -> None:
     s.add_argument("--seed", type=int, default=d.seed)
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     s.add_argument("-o", "--output", required=True, help="output directory (index.html, report.json, *.png)")
+    add_engine_options(s)  # robustness and defence cells as Ray tasks; same report
     s.set_defaults(fn=cmd_audit)
 
 
 def cmd_audit(args) -> int:
+    from ..engines import make_engine
     from ..models import load_model
     from .run import resolve, run
 
@@ -45,9 +49,10 @@ def cmd_audit(args) -> int:
     cfg = AuditConfig(**{k: v for k, v in vars(args).items() if k in names})
     cfg.candidates = cfg.candidates or None  # 0: every token
     cfg.max_candidates = cfg.max_candidates or None
+    engine = make_engine(args.engine, args.workers)  # no Ray installed: one clear error before any work
     lm = load_model(cfg.model, device=args.device)
     resolve(lm, cfg)  # bad options fail before any work
-    report = run(lm, cfg, args.output, progress=not args.quiet)
+    report = run(lm, cfg, args.output, progress=not args.quiet, engine=engine)
     for info in report["layers"].values():
         print(info["verdict"])
     print(f"{len(report['cells'])} cells, {report['seconds_this_run']}s -> {args.output}/index.html")

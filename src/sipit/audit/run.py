@@ -21,7 +21,7 @@ import torch
 from ..collisions.common import cached_json, open_run_dir, parse_layers
 from ..corpora import sample
 from ..invert.robust import RobustConfig
-from ..io import SipitError, write_json
+from ..io import SipitError, read_json, write_json
 from ..models import LM
 from . import measure
 from .defenses import Defense, parse_defenses
@@ -85,8 +85,10 @@ def load_prompts(lm: LM, cfg: AuditConfig) -> list[list[int]]:
     return [p.ids for p in sample(cfg.prompts, lm.tokenizer, cfg.length, seed=cfg.seed)]
 
 
-def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True) -> dict:
-    """Every cell of the audit (resuming those already in out_dir), then report.json, PNGs and index.html."""
+def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True, engine=None) -> dict:
+    """Every cell of the audit (resuming those already in out_dir), then report.json, PNGs and index.html.
+
+    engine: sipit.engines' local (None) or ray: the missing robustness and defence cells as its tasks."""
     from tqdm.auto import tqdm
 
     from .html import write_page
@@ -108,30 +110,23 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True) ->
     V = lm.vocab_size
     rcfg = RobustConfig(trials=cfg.trials, policy=cfg.policy, seed=cfg.seed,
                         candidates=None if V <= cfg.exhaustive_below else cfg.candidates)
+    inputs = CellInputs(prompts, held, clean, sigmas, rcfg)
+    if engine is not None and engine.name != "local":  # the missing cells on the engine; the loop reads them
+        _cells_on(engine, lm, cfg, inputs, layers, defenses, out, spec_name(spec), progress)
     cells, per_layer = [], {}
     bar = tqdm(total=len(layers) * (len(defenses) + 2), desc=f"audit {lm.name}", unit="cell", disable=not progress)
     for layer in layers:
         surface = surfaces[layer]
-        d = out / "cells" / surface.name.replace(":", "_") / f"L{layer:03d}"
-        geo = cached_json(d / "geometry.json", lambda: measure.collisions(
+        geo = cached_json(cell_path(out, surface.name, layer, "geometry"), lambda: measure.collisions(
             lm, geo_prompts, surface.input_layer, measure.last_token_observations(surface.tap, geo_prompts)))
         bar.update()
-        rob = cached_json(d / "robustness.json",
-                          lambda: _robust_dict(*measure.robustness(lm, surface, prompts, sigmas, rcfg, progress)))
+        rob = cached_json(cell_path(out, surface.name, layer, "robustness"),
+                          lambda: compute_cell(lm, cfg, inputs, layer, "robustness", progress=progress, surface=surface))
         bar.update()
         for defense in defenses:
             bar.set_postfix_str(f"L{layer} {defense.name}")
-
-            def cell():
-                if defense.family == "noise":
-                    attack = measure.attack_noise(lm, _robust_result(rob), defense.param)
-                else:
-                    attack = measure.attack_invert(lm, surface, defense, prompts, cfg.policy, cfg.seed,
-                                                   cfg.max_candidates)
-                return dict(surface=surface.name, layer=layer, defense=defense.name, family=defense.family,
-                            strength=defense.strength, attack=attack,
-                            utility=measure.utility(lm, surface, defense, held, clean, cfg.seed))
-            cells.append(cached_json(d / f"{defense.name.replace(':', '_')}.json", cell))
+            cells.append(cached_json(cell_path(out, surface.name, layer, defense.name),
+                                     lambda: compute_cell(lm, cfg, inputs, layer, defense, rob, surface=surface)))
             bar.update()
         layer_cells = [c for c in cells if c["layer"] == layer]
         per_layer[str(layer)] = dict(leaks=surface.leaks, observed_through=surface.tap.key, geometry=geo,
@@ -148,6 +143,59 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True) ->
     write_json(out / "report.json", report)
     write_page(report, out)
     return report
+
+
+@dataclass
+class CellInputs:
+    """What an audit's cells read besides the model and config (picklable: engine tasks get it)."""
+
+    prompts: list[list[int]]  # the attacked prompts
+    held: torch.Tensor  # [B, T] held-out ids for the utility cost
+    clean: tuple[float, torch.Tensor]  # their undefended cross-entropy and top-1 ids [B, T-1]
+    sigmas: list[float]  # the noise defences' sigmas
+    rcfg: RobustConfig
+
+
+def cell_path(out: Path, surface: str, layer: int, name: str) -> Path:
+    """Where a layer's cell is kept: geometry, robustness or a defence's name (surface: canonical name)."""
+    return out / "cells" / surface.replace(":", "_") / f"L{layer:03d}" / f"{name.replace(':', '_')}.json"
+
+
+def compute_cell(lm: LM, cfg: AuditConfig, inputs: CellInputs, layer: int, what, rob: dict | None = None,
+                 progress: bool = False, surface=None) -> dict:
+    """The JSON of one cell at `layer`: what = "robustness" (the noise sweep and margins) or a
+    Defense (its attack and utility cost; a noise defence reads the layer's robustness `rob`).
+    surface: the layer's Surface (default: made from cfg, as an engine task does)."""
+    if surface is None:
+        surface = make_surface(lm, parse_surface(lm, cfg.surface, [layer]), layer, inputs.prompts, cfg.seed)
+    if what == "robustness":
+        return _robust_dict(*measure.robustness(lm, surface, inputs.prompts, inputs.sigmas, inputs.rcfg, progress))
+    defense = what
+    if defense.family == "noise":
+        attack = measure.attack_noise(lm, _robust_result(rob), defense.param)
+    else:
+        attack = measure.attack_invert(lm, surface, defense, inputs.prompts, cfg.policy, cfg.seed, cfg.max_candidates)
+    return dict(surface=surface.name, layer=layer, defense=defense.name, family=defense.family,
+                strength=defense.strength, attack=attack,
+                utility=measure.utility(lm, surface, defense, inputs.held, inputs.clean, cfg.seed))
+
+
+def _cells_on(engine, lm: LM, cfg: AuditConfig, inputs: CellInputs, layers: list[int], defenses: list[Defense],
+              out: Path, surface: str, progress: bool) -> None:
+    """The missing robustness and defence cells as engine tasks, written under out/cells/; noise
+    cells go after their layer's robustness, which they read."""
+    from ..engines import audit_cells
+
+    def spec(layer: int, what) -> tuple:  # a noise cell carries its layer's robustness JSON
+        noise = getattr(what, "family", None) == "noise"
+        return layer, what, read_json(cell_path(out, surface, layer, "robustness")) if noise else None
+
+    first = [(layer, "robustness") for layer in layers] + \
+            [(layer, d) for layer in layers for d in defenses if d.family != "noise"]
+    noise = [(layer, d) for layer in layers for d in defenses if d.family == "noise"]
+    for wave in (first, noise):
+        paths = [cell_path(out, surface, layer, getattr(what, "name", what)) for layer, what in wave]
+        audit_cells(engine, lm, cfg, inputs, [(p, spec(*w)) for p, w in zip(paths, wave) if not p.exists()], progress)
 
 
 def _robust_dict(res, calibration_seconds: float) -> dict:

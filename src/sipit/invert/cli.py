@@ -1,8 +1,15 @@
-"""`sipit invert FILE`: recover the exact prompts from a states (or other surface) file."""
+"""`sipit invert FILE [FILE|DIR ...]`: recover the exact prompts from states (or other surface) files.
+
+One file: every prompt printed, results in FILE.results.jsonl (or -o). Several files or a
+directory: one line per file and a total; a file whose results are already there for the same
+inputs and options is skipped, so a rerun after a crash continues."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -10,25 +17,50 @@ import torch
 from ..io import SipitError
 
 
-def cmd_invert(args):
+STATES_SUFFIXES = (".safetensors", ".npy", ".pt", ".pth")  # what a directory argument contributes
+
+
+@dataclass(eq=False)
+class FileJob:
+    """One states file made ready to invert, and where its results go."""
+
+    path: Path
+    out: Path  # results JSONL; the summary is out.with_suffix(".summary.json")
+    lm: object
+    model: str
+    layer: int
+    final_norm: bool
+    tap: object
+    prompts: list  # observations [T_i, tap.dim] per prompt
+    true_ids: list | None
+    config: object
+    key: str  # hash of the file's bytes and every option that changes its results
+
+    @property
+    def summary_path(self) -> Path:
+        return self.out.with_suffix(".summary.json")
+
+
+def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
+    """Read and validate one states file, load its model (once per model and precision: `models`)."""
     from ..capture import open_surface
-    from ..engines import invert_batch, make_engine
-    from . import InvertConfig, run
-    from ..io import write_json, write_jsonl
+    from . import InvertConfig
     from ..models import load_model
     from ..states import load_states
 
-    st = load_states(args.states, args.layer, args.file_layers)
+    st = load_states(path, args.layer, args.file_layers)
     model = args.model or st.model
     layer = args.layer if args.layer is not None else st.layer
     if model is None or layer is None:
-        raise SipitError(f"{args.states} does not say which model/layer made it: give --model and --layer")
+        raise SipitError(f"{path} does not say which model/layer made it: give --model and --layer")
     final_norm = st.final_norm if args.final_norm is None else args.final_norm
-    lm = load_model(model, precision=args.precision or st.precision or "fp32", device=args.device)
+    precision = args.precision or st.precision or "fp32"
+    if (model, precision) not in models:
+        models[model, precision] = load_model(model, precision=precision, device=args.device)
+    lm = models[model, precision]
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
-        print(f"sipit: warning: the states file was made with another tokenizer than {model}'s", file=sys.stderr)
+        print(f"sipit: warning: {path} was made with another tokenizer than {model}'s", file=sys.stderr)
     tap, prompts, error = open_surface(lm, st, lm.layer_index(layer), final_norm)
-    out = Path(args.output or Path(args.states).with_suffix(".results.jsonl"))
     if args.noise:  # relative noise of norm sigma*||h_t|| per position; eps must then exceed sigma
         from .robust import add_noise
 
@@ -53,17 +85,115 @@ def cmd_invert(args):
         config = HardPromptsConfig(steps=args.steps, eps=args.eps, observation_error=error, certify=args.certify)
     else:
         config = InvertConfig(batch_size=args.batch_size, eps=args.eps, observation_error=error, certify=args.certify)
-    if args.engine == "local":
-        result = run(args.policy, lm, prompts, layer, config, final_norm=final_norm, progress=not args.quiet,
-                     true_ids=st.ids, max_seconds=args.max_seconds, tap=tap)
-    else:  # chunks of prompts on Ray workers, each chunk's result kept so a rerun continues
-        config.policy, config.max_seconds = args.policy, args.max_seconds
-        result = invert_batch(make_engine(args.engine, args.workers), lm, prompts, layer, config,
-                              final_norm=final_norm, progress=not args.quiet, true_ids=st.ids,
-                              parts_dir=out.with_suffix(".parts"))
-    summary = dict(states=str(args.states), noise=args.noise, **result.summary())
-    write_jsonl(out, [p.to_json() for p in result.prompts])
-    summary_path = write_json(out.with_suffix(".summary.json"), summary)
+    with open(path, "rb") as f:
+        key = hashlib.file_digest(f, "sha256")
+    key.update(repr((lm.fingerprint, tap.key, args.policy, config, args.noise, args.seed, args.max_seconds)).encode())
+    return FileJob(path, out, lm, model, layer, final_norm, tap, prompts, st.ids, config, key.hexdigest()[:16])
+
+
+def invert_files(engine, jobs: list[FileJob], args):
+    """(job, InversionResult) for every job: in turn here (local), or all their prompt chunks as
+    engine tasks, each file's chunks kept in OUT.parts so a rerun continues (ray)."""
+    from ..engines import InvertJob, invert_jobs
+    from . import run
+
+    if engine.name == "local":
+        for job in jobs:
+            yield job, run(args.policy, job.lm, job.prompts, job.layer, job.config, final_norm=job.final_norm,
+                           progress=not args.quiet, true_ids=job.true_ids, max_seconds=args.max_seconds, tap=job.tap)
+        return
+    tasks = [InvertJob(job.lm, job.prompts, job.layer, replace(job.config, policy=args.policy,
+                                                               max_seconds=args.max_seconds),
+                       job.final_norm, job.true_ids, job.out.with_suffix(".parts")) for job in jobs]
+    for k, result in invert_jobs(engine, tasks, progress=not args.quiet):
+        yield jobs[k], result
+
+
+def write_results(job: FileJob, result, noise: float | None) -> dict:
+    """The file's results JSONL and summary JSON (with the key that a rerun checks). -> summary"""
+    from ..io import write_json, write_jsonl
+
+    summary = dict(states=str(job.path), noise=noise, key=job.key, **result.summary())
+    write_jsonl(job.out, [p.to_json() for p in result.prompts])
+    write_json(job.summary_path, summary)
+    return summary
+
+
+def done_before(job: FileJob) -> dict | None:
+    """The summary of a finished earlier run of this very job (same key, results written), else None."""
+    from ..io import read_json
+
+    if not (job.out.exists() and job.summary_path.exists()):
+        return None
+    summary = read_json(job.summary_path)
+    return summary if summary.get("key") == job.key else None
+
+
+def states_files(paths: list[str]) -> list[Path]:
+    """The files named, a directory standing for its states files (sorted)."""
+    files = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.iterdir() if f.suffix in STATES_SUFFIXES)
+            if not found:
+                raise SipitError(f"{p} holds no states files ({', '.join(STATES_SUFFIXES)})")
+            files += found
+        else:
+            files.append(p)
+    return files
+
+
+def results_paths(files: list[Path], output: str | None) -> list[Path]:
+    """FILE.results.jsonl next to each file, or in the directory `output`; two files may not share one."""
+    outs = [(Path(output) if output else f.parent) / f.with_suffix(".results.jsonl").name for f in files]
+    seen = {}
+    for f, o in zip(files, outs):
+        if o in seen:
+            raise SipitError(f"{seen[o]} and {f} would both write {o}: rename one or invert them separately")
+        seen[o] = f
+    return outs
+
+
+def cmd_invert(args):
+    from ..engines import make_engine
+
+    engine = make_engine(args.engine, args.workers)  # no Ray installed: one clear error before any work
+    if len(args.states) == 1 and not Path(args.states[0]).is_dir():
+        path = Path(args.states[0])
+        job = prepare(args, path, Path(args.output or path.with_suffix(".results.jsonl")), {})
+        (job, result), = invert_files(engine, [job], args)
+        return print_file(job, result, write_results(job, result, args.noise))
+    files = states_files(args.states)
+    models = {}
+    jobs = [prepare(args, f, o, models) for f, o in zip(files, results_paths(files, args.output))]  # all valid first
+    summaries = {job.path: done_before(job) for job in jobs}
+    skipped = [job for job in jobs if summaries[job.path] is not None]
+    for job in skipped:
+        print(file_line(job, summaries[job.path], "done before, skipped"))
+    t0, inverted, task_seconds = time.perf_counter(), 0, 0.0
+    for job, result in invert_files(engine, [j for j in jobs if j not in skipped], args):
+        summaries[job.path] = write_results(job, result, args.noise)
+        inverted, task_seconds = inverted + len(result.prompts), task_seconds + result.seconds
+        print(file_line(job, summaries[job.path]))
+    wall = time.perf_counter() - t0
+    S = list(summaries.values())
+    total = {k: sum(s[k] for s in S) for k in ("prompts", "ok", "ambiguous", "failed")}
+    print(f"{len(S)} files ({len(skipped)} done before): {total['ok'] + total['ambiguous']}/{total['prompts']} "
+          f"prompts recovered ({total['failed']} failed); this run inverted {inverted} prompts in {wall:.1f}s "
+          f"({inverted / max(wall, 1e-9):.3g} prompts/s on {args.engine}; tasks' own seconds summed: "
+          f"{task_seconds:.1f}s)")
+    return 1 if total["failed"] else 0
+
+
+def file_line(job: FileJob, s: dict, note: str = "") -> str:
+    """One file's summary line in a run of many."""
+    return (f"{job.path}: {s['ok'] + s['ambiguous']}/{s['prompts']} recovered ({s['failed']} failed), layer "
+            f"{job.layer} of {job.model}, {s['seconds_total']}s{f' ({note})' if note else ''} -> {job.out}")
+
+
+def print_file(job: FileJob, result, s: dict) -> int:
+    """A single file's report: every prompt, then its summary line. -> exit code"""
+    lm = job.lm
     for i, p in enumerate(result.prompts):
         if p.status == "failed":
             k = next((j for j, q in enumerate(p.positions) if q.token is None or q.distance > result.eps), len(p.ids))
@@ -76,13 +206,11 @@ def cmd_invert(args):
             print(f"[{i}] recovered{cls}: {p.text!r}")
         if p.true_ids is not None:
             print(f"[{i}] original : {lm.decode(p.true_ids)!r}  -> {'exact' if p.exact else 'NOT exact'}")
-    s = summary
-    print(f"{s['ok'] + s['ambiguous']}/{s['prompts']} prompts recovered ({s['failed']} failed) at layer {layer} of "
-          f"{model}, policy {result.policy}, eps={result.eps:.3g}; {s['seconds_per_prompt_median']}s per prompt "
+    print(f"{s['ok'] + s['ambiguous']}/{s['prompts']} prompts recovered ({s['failed']} failed) at layer {job.layer} of "
+          f"{job.model}, policy {result.policy}, eps={result.eps:.3g}; {s['seconds_per_prompt_median']}s per prompt "
           f"(+{s['calibration_seconds']}s one-time calibration), {s['vocab_explored_pct']}% of the vocabulary "
-          f"per position -> {out}, {summary_path}")
+          f"per position -> {job.out}, {job.summary_path}")
     return 1 if s["failed"] else 0
-
 
 
 def add_invert_parser(sub) -> None:
@@ -90,9 +218,13 @@ def add_invert_parser(sub) -> None:
     from ..engines import add_engine_options
     from ..models import PRECISIONS
 
-    s = sub.add_parser("invert", help="recover the exact prompts from a states file")
-    s.add_argument("states", help=".safetensors from `sipit capture` (any surface), a transformers hidden_states tuple, "
-                                  "TransformerLens cache, nnsight save or vLLM export (.npy/.pt/.safetensors)")
+    s = sub.add_parser("invert", help="recover the exact prompts from states files")
+    s.add_argument("states", nargs="+",
+                   help=".safetensors from `sipit capture` (any surface), a transformers hidden_states tuple, "
+                        "TransformerLens cache, nnsight save or vLLM export (.npy/.pt/.safetensors); several files "
+                        "or a directory (its .safetensors/.npy/.pt files): each inverted with its own model and "
+                        "layer (from its metadata, or --model/--layer for all), each model loaded once; files "
+                        "whose results exist for the same inputs are skipped")
     s.add_argument("--file-layers", type=lambda v: [int(x) for x in v.split(",")], default=None,
                    help="vLLM exports: the layer ids the file holds, in order (eagle_aux_hidden_state_layer_ids)")
     s.add_argument("--model", default=None, help="default: the file's metadata")
@@ -116,8 +248,10 @@ def add_invert_parser(sub) -> None:
                         "every position, to certify it; near-duplicate tokens are always checked (default none)")
     s.add_argument("--precision", default=None, choices=PRECISIONS,
                    help="model precision (default: the file's metadata, else fp32)")
-    s.add_argument("-o", "--output", default=None, help="results JSONL (default STATES.results.jsonl); "
-                                                       "the summary goes next to it as .summary.json")
+    s.add_argument("-o", "--output", default=None,
+                   help="one file: the results JSONL (default STATES.results.jsonl), the summary next to it as "
+                        ".summary.json; several files or a directory: the directory that gets every "
+                        "STATES.results.jsonl (default: next to each file)")
     s.add_argument("--noise", type=float, default=None,
                    help="add relative Gaussian noise of norm SIGMA*||h_t|| per position first (eps default: measured + 1.01*SIGMA)")
     s.add_argument("--seed", type=int, default=0, help="noise seed")
