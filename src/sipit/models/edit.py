@@ -17,7 +17,7 @@ from typing import Callable
 from torch import Tensor
 
 from .load import LM
-from .surfaces import _attention
+from .lm import attention_module
 
 
 @contextmanager
@@ -69,7 +69,7 @@ def edit_kv(lm: LM, layer: int, fn: Callable[[Tensor, Tensor], tuple[Tensor, Ten
     def pre(module, args, kwargs):
         return args, {**kwargs, "past_key_values": _EditedCache(kwargs.get("past_key_values"), fn)}
 
-    handle = _attention(lm.blocks[layer - 1]).register_forward_pre_hook(pre, with_kwargs=True)
+    handle = attention_module(lm, layer - 1).register_forward_pre_hook(pre, with_kwargs=True)
     try:
         yield
     finally:

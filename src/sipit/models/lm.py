@@ -193,7 +193,8 @@ def _find_final_norm(base: nn.Module, blocks: nn.ModuleList) -> nn.Module:
 # returns *views* of the parameters: edit them in place under torch.no_grad() (or temporary_edit).
 
 
-def _attention(lm: LM, block: int):
+def attention_module(lm: LM, block: int) -> torch.nn.Module:
+    """The attention module of block `block` (0-based)."""
     b = lm.blocks[block]
     for name in ("self_attn", "attn", "attention"):
         if hasattr(b, name):
@@ -205,7 +206,7 @@ def attention_weights(lm: LM, block: int) -> dict[str, list[Tensor]]:
     """Attention parameters of block `block` (0-based): "qk" = query and key weights and biases
     (zero them and every score is equal: uniform causal attention), "out" = the output projection
     (zero it and the block's attention adds nothing to the residual stream)."""
-    a = _attention(lm, block)
+    a = attention_module(lm, block)
 
     def wb(m):
         return [m.weight] + ([m.bias] if getattr(m, "bias", None) is not None else [])

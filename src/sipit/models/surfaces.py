@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from .load import LM, ModelError
+from .lm import attention_module
 from .tap import LayerTap, _Stop
 
 KV_PARTS = ("keys", "values", "both")
@@ -50,13 +51,6 @@ class ProjectedTap(LayerTap):
 
     def _run(self, **kw) -> Tensor:
         return super()._run(**kw) @ self.projection.T
-
-
-def _attention(block) -> torch.nn.Module:
-    for name in ("self_attn", "attn", "attention"):
-        if hasattr(block, name):
-            return getattr(block, name)
-    raise ModelError(f"cannot find the attention module of {type(block).__name__} (KV surface)")
 
 
 class KVTap(LayerTap):
@@ -112,7 +106,7 @@ class KVTap(LayerTap):
         def stop(module, args, out):
             raise _Stop
 
-        handle = _attention(self.lm.blocks[self.layer - 1]).register_forward_hook(stop)
+        handle = attention_module(self.lm, self.layer - 1).register_forward_hook(stop)
         try:
             self.lm.base(input_ids=inputs.get("ids"), inputs_embeds=inputs.get("embeds"), past_key_values=cache,
                          use_cache=True, position_ids=inputs.get("position_ids"))
