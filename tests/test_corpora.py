@@ -117,3 +117,11 @@ def test_file_without_count_is_every_line_as_given(tmp_path, tok):
     assert corpora.default_length(f"prose:5,{f}") is None and corpora.default_length("prose:5") == 20
     with pytest.raises(CorpusError, match="no prompt of 40 tokens"):
         sample(str(f), tok, 40)
+
+
+def test_a_model_without_tokenizer_samples_random_ids_only():
+    prompts = sample("random:5", None, 4, vocab_size=100)
+    assert len(prompts) == 5 and all(len(p.ids) == 4 and max(p.ids) < 100 and p.text == "" for p in prompts)
+    assert len({tuple(p.ids) for p in prompts}) == 5
+    with pytest.raises(CorpusError, match="no tokenizer"):
+        sample("prose:2", None, 4, vocab_size=100)

@@ -11,7 +11,7 @@ def _prompts(lm, args) -> list[list[int]]:
     if args.corpus is not None:
         from .corpora import sample
 
-        return [p.ids for p in sample(args.corpus, lm.tokenizer, args.length, seed=args.seed)]
+        return [p.ids for p in sample(args.corpus, lm.tokenizer, args.length, seed=args.seed, vocab_size=lm.vocab_size)]
     path = Path(args.ids or args.file or "")
     if args.text is None and not path.is_file():
         raise SipitError(f"prompt file not found: {path}")

@@ -267,9 +267,13 @@ def _text_spans(name, docs, tokenizer, length, n, rng, seen) -> list[tuple[int, 
     return rng.sample(list(pool), n)
 
 
-def _random_spans(tokenizer, length, n, rng, seen) -> list[tuple[int, ...]]:
-    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
-    vocab = sorted(set(tokenizer.get_vocab().values()) - special)
+def _random_spans(tokenizer, length, n, rng, seen, vocab_size: int | None = None) -> list[tuple[int, ...]]:
+    """Uniform random ids, no special or added tokens (a model without tokenizer: every id < vocab_size)."""
+    if tokenizer is None:
+        vocab = list(range(vocab_size))
+    else:
+        special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+        vocab = sorted(set(tokenizer.get_vocab().values()) - special)
     if n > len(vocab) ** length - len(seen):
         raise CorpusError(f"corpus 'random' can provide only {len(vocab) ** length - len(seen)} "
                          f"distinct spans of {length} tokens, {n} requested")
@@ -300,9 +304,11 @@ def default_length(spec: str) -> int | None:
     return None if any(n is None for _, n in parse_spec(spec)) else DEFAULT_LENGTH
 
 
-def sample(spec: str, tokenizer, length: int | None, seed: int = 0) -> list[Prompt]:
+def sample(spec: str, tokenizer, length: int | None, seed: int = 0, vocab_size: int | None = None) -> list[Prompt]:
     """Prompts of exactly `length` token ids for a spec like 'prose:2000,code:2000,random:1000'.
     length None: files without a count give their lines as they are, other parts DEFAULT_LENGTH.
+    tokenizer None (a model given by ids only, e.g. random:<arch>): only random:N, over every id
+    below vocab_size, with empty texts.
 
     Reproducible under `seed` (for a given tokenizer and installed data); each part draws from its
     own generator seeded by (seed, name), so adding a part leaves the others unchanged apart from
@@ -313,10 +319,13 @@ def sample(spec: str, tokenizer, length: int | None, seed: int = 0) -> list[Prom
     prompts, seen = [], set()
     for name, n in parse_spec(spec):
         rng = random.Random(f"{seed}:{name}")
+        if tokenizer is None and (name != "random" or n is None):
+            raise CorpusError(f"corpus {name!r} is text, and this model has no tokenizer (ids only): use random:N "
+                              "or give token ids (sipit capture --ids FILE)")
         if n is None:
             spans = _whole_file(name, tokenizer, length, seen)
         elif name == "random":
-            spans = _random_spans(tokenizer, length or DEFAULT_LENGTH, n, rng, seen)
+            spans = _random_spans(tokenizer, length or DEFAULT_LENGTH, n, rng, seen, vocab_size)
         else:
             if name in CORPORA:
                 loader = CORPORA[name][1]
@@ -331,6 +340,7 @@ def sample(spec: str, tokenizer, length: int | None, seed: int = 0) -> list[Prom
                 raise Unavailable(f"corpus {name!r} {e}") from None
             spans = _text_spans(name, docs, tokenizer, length or DEFAULT_LENGTH, n, rng, seen)
         seen.update(spans)
-        texts = tokenizer.batch_decode([list(s) for s in spans], clean_up_tokenization_spaces=False)
+        texts = [""] * len(spans) if tokenizer is None else \
+            tokenizer.batch_decode([list(s) for s in spans], clean_up_tokenization_spaces=False)
         prompts += [Prompt(list(s), t, name) for s, t in zip(spans, texts)]
     return prompts

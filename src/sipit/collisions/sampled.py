@@ -69,7 +69,7 @@ def sample_prompts(lm: LM, corpus: str, length: int | None, seed: int) -> list[d
     """Prompts from sipit.corpora as dicts (index, source, ids, text)."""
     from .. import corpora
 
-    prompts = corpora.sample(corpus, lm.tokenizer, length, seed=seed)
+    prompts = corpora.sample(corpus, lm.tokenizer, length, seed=seed, vocab_size=lm.vocab_size)
     if len(prompts) < 2:
         raise SipitError(f"corpus {corpus!r} gives {len(prompts)} prompt(s): a pairwise test needs at least 2")
     return [dict(index=k, source=p.source, ids=list(p.ids), text=p.text) for k, p in enumerate(prompts)]
