@@ -9,13 +9,15 @@ def test_first_of_each_kind():
 
 def test_bench_invert_reports_every_policy_on_the_same_prompts():
     cfg = Config(model="tiny-llama", layers=[2], policies=("learned", "exhaustive"), kinds=("prose", "random"),
-                 prompts=2, length=6, slow_prompts=1, slow_positions=2, certify=("top:8",), certify_prompts=1,
+                 prompts=2, length=6, slow_prompts=1, slow_positions=2, slow_max_seconds=60, certify=("top:8",),
+                 certify_prompts=1,
                  threads=1)
     out = run(cfg)
     layer = out["layers"]["2"]
     learned, exhaustive = layer["policies"]["learned"], layer["policies"]["exhaustive"]
     assert learned["prompts"] == 4 and learned["exact"] == 4 and not learned["extrapolated"]
     assert exhaustive["prompts"] == 2 and exhaustive["extrapolated"] and exhaustive["positions_per_prompt"] == 2
+    assert exhaustive["exact"] == 2 and exhaustive["time_capped"] == 0
     assert learned["on_slow_subset"]["prompts"] == 2 and learned["on_slow_subset"]["exact"] == 2
     assert learned["candidates_scored_per_position"] > learned["candidates_verified_per_position"]
     assert set(learned["amortised_seconds_per_prompt"]) == {"1", "100", "10000"}

@@ -8,7 +8,8 @@ timed right before its inversion (median of 3), so the ratio compares like with 
 same load. Slow policies (exhaustive, random, gradient: minutes per prompt on SmolLM2) are capped:
 they invert only the first `slow_prompts` prompts of each kind (the same prompts the learned policy
 inverts first) and only the first `slow_positions` positions of each (`capped_positions` in the
-output; their ratio is per position × length, marked `extrapolated`). The learned policy's entry
+output; their ratio is per position × length, marked `extrapolated`), each within
+`slow_max_seconds` (a prompt that hits it counts as failed, `time_capped`). The learned policy's entry
 also gives its numbers on that same subset (`on_slow_subset`), for a like-for-like comparison.
 
 Reported per policy: candidates *verified* by a forward pass (the paper's metric) and candidates
@@ -98,6 +99,7 @@ class Config:
     length: int = 20
     slow_positions: int = 2  # slow policies invert only this many leading positions of each prompt
     slow_prompts: int | None = None  # ... of only this many prompts per kind (None: all)
+    slow_max_seconds: float | None = None  # ... each capped at this many seconds (a capped prompt counts as failed)
     certify: tuple[str, ...] = ("top:256",)  # certify modes timed with the fast policies
     certify_prompts: int | None = None  # ... on this many prompts per kind (None: all)
     certify_full_prompts: int = 0  # also time certify="full" on this many prompts (minutes each on SmolLM2)
@@ -161,6 +163,7 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V) -> dict:
         exact=sum(bool(r.exact) for r in res), exact_by_kind={k: f"{a}/{b}" for k, (a, b) in by_kind.items()},
         ok=sum(r.status == "ok" for r in res), ambiguous=sum(r.status == "ambiguous" for r in res),
         failed=sum(r.status == "failed" for r in res),
+        time_capped=sum(r.status == "failed" and "time cap" in r.message for r in res),
         seconds_per_prompt_median=round(median, 4), forward_seconds_median=round(statistics.median(fwd), 4),
         ratio_to_forward=round(median / statistics.median(fwd), 3),
         candidates_verified_per_position=round(sum(tried) / len(tried), 3),
@@ -203,7 +206,8 @@ def run(cfg: Config) -> dict:
             fast = name in FAST
             T = cfg.length if fast else min(cfg.slow_positions, cfg.length)
             sel = list(range(len(data))) if fast else slow
-            engine = SipIt(lm, layer, InvertConfig(policy=name), final_norm=cfg.final_norm, eps=tol.eps)
+            cap = None if fast else cfg.slow_max_seconds
+            engine = SipIt(lm, layer, InvertConfig(policy=name, max_seconds=cap), final_norm=cfg.final_norm, eps=tol.eps)
             fwd, res = _invert_all(engine, tap, ids[sel], states[sel], T, cfg, f"L{layer} {name}")
             e = entry["policies"][name] = _policy_entry(name, engine, fwd, res, T, cfg, [data[i] for i in sel], V)
             if fast and len(slow) < len(data):
@@ -242,6 +246,8 @@ def main(argv=None):
                    help="slow policies invert only this many leading positions of each prompt")
     p.add_argument("--slow-prompts", type=int, default=d.slow_prompts,
                    help="slow policies invert only this many prompts of each kind (default: all)")
+    p.add_argument("--slow-max-seconds", type=float, default=d.slow_max_seconds,
+                   help="slow policies: wall-clock cap per prompt (a capped prompt counts as failed, `time_capped`)")
     p.add_argument("--certify", default=",".join(d.certify), help="certify modes timed with the learned policy")
     p.add_argument("--certify-prompts", type=int, default=d.certify_prompts,
                    help="certify modes run on this many prompts of each kind (default: all)")
@@ -255,7 +261,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     cfg = Config(model=a.model, layers=[int(x) for x in a.layers.split(",")] if a.layers else None,
                  policies=tuple(a.policies.split(",")), kinds=tuple(a.kinds.split(",")), prompts=a.prompts,
-                 length=a.length, slow_positions=a.slow_positions, slow_prompts=a.slow_prompts,
+                 length=a.length, slow_positions=a.slow_positions, slow_prompts=a.slow_prompts, slow_max_seconds=a.slow_max_seconds,
                  certify=tuple(x for x in a.certify.split(",") if x), certify_prompts=a.certify_prompts,
                  certify_full_prompts=a.certify_full_prompts,
                  threads=a.threads, device=a.device, precision=a.precision, seed=a.seed, final_norm=a.final_norm, progress=a.progress)
