@@ -22,3 +22,22 @@ def test_temporary_edit_restores_every_weight(spec):
 def test_position_table_only_for_learned_positions():
     assert position_table(load_model("tiny-gpt2")).shape == (512, 64)
     assert position_table(load_model("tiny-llama")) is None
+
+
+def test_fingerprint_does_not_depend_on_the_thread_count():
+    """A float sum's rounding depends on the summation order (the thread count): the fingerprint must not."""
+    lm = load_model("tiny-llama")
+    with torch.no_grad():  # a large weight of widely spread magnitudes, where reduction order shows
+        g = torch.Generator().manual_seed(0)
+        lm.blocks[0].mlp.up_proj.weight = torch.nn.Parameter(
+            torch.randn(2048, 2048, generator=g) * torch.logspace(-6, 6, 2048)[:, None], requires_grad=False)
+    threads = torch.get_num_threads()
+    try:
+        prints = set()
+        for n in (1, 2, 4):
+            torch.set_num_threads(n)
+            lm.forget_fingerprint()
+            prints.add(lm.fingerprint)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(prints) == 1

@@ -17,6 +17,8 @@ from torch import Tensor, nn
 
 from ..io import SipitError
 
+INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # a float's bits, as integers
+
 
 class ModelError(SipitError):
     """A model spec that cannot be loaded, or a layer it does not have; the message says why."""
@@ -80,9 +82,11 @@ class LM:
 
         Never the spec name (one GGUF by name and by path is one model) nor an object id (Python
         reuses ids). The embedding rows (the candidate set; duplicate classes depend on them bit for
-        bit) are hashed whole; every other tensor by name, shape, dtype, its float64 sum and sum of
-        squares and up to 4,096 evenly strided values. `temporary_edit` and `apply_precision`
-        drop the cached value; after any other in-place edit, `del lm.fingerprint`.
+        bit) are hashed whole; every other tensor by name, shape, dtype, the exact integer sum of its
+        bit patterns and up to 4,096 evenly strided values. (Not a float sum: its rounding depends on
+        the summation order, i.e. on the thread count — Gemma-3 hashed differently at 1 and 2 threads.)
+        `temporary_edit` and `apply_precision` drop the cached value; after any other in-place edit,
+        `del lm.fingerprint`.
         """
         h = hashlib.sha256()
         h.update(f"{self.precision}:{self.tokenizer_fingerprint}:{self.n_layers}".encode())
@@ -93,8 +97,9 @@ class LM:
             step = max(1, flat.numel() // 4096)
             h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
             if flat.numel() and flat.is_floating_point():
-                f64 = flat.double()
-                h.update(torch.stack([f64.sum(), f64.square().sum()]).cpu().numpy().tobytes())
+                bits = flat.contiguous().view(INT_OF_SIZE[flat.element_size()])
+                total = sum(int(chunk.long().sum()) for chunk in bits.split(1 << 22))  # exact, any order
+                h.update(total.to_bytes(16, "little", signed=True))
                 h.update(flat[::step].float().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()[:16]
 
