@@ -327,3 +327,19 @@ def test_gemma_default_policy_low_layer_with_bos():
     states = [LayerTap(lm, 2).states(torch.tensor(i)) for i in ids]
     r = invert(lm, states, 2, progress=False, true_ids=ids)
     assert r.prompts[0].ids == ids[0] and r.prompts[0].exact
+
+
+def test_a_near_duplicate_lists_its_whole_class():
+    """b is a near-duplicate of a, and c's row is b's bit for bit: once b is evaluated within ε, c is
+    listed too (identical states), although nothing evaluated c itself."""
+    from sipit.invert.certify import Certifier
+    from sipit.invert.result import Position
+
+    lm, a, b = plant_near_duplicate()
+    c = lm.encode("z")[0]
+    with torch.no_grad():
+        lm.embed.weight[c] = lm.embed.weight[b]
+    lm.forget_fingerprint()
+    q = Position(a, 0.0, None, 0, tried=1, via="search")
+    Certifier(LayerTap(lm, 2), eps=1e-4).certificate(q, {b: 1e-6}, None)
+    assert q.also_within_eps == sorted([b, c]) and q.margin_over == 2 and not q.certified

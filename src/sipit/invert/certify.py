@@ -65,7 +65,10 @@ class Certifier:
         """margin, margin_over, certified(_by), duplicates, also_within_eps of an accepted position from
         the distances evaluated there and lower bounds [V] for the rest."""
         cls = self.dups.members(q.token)
-        others = {u: du for u, du in evaluated.items() if u not in cls}
+        others = {}  # a token evaluated stands for its whole class: bit-identical rows, identical states
+        for u, du in evaluated.items():
+            if u not in cls:
+                others.update(dict.fromkeys(self.dups.members(u), du))
         margin = min(others.values(), default=None)
         by_bound = 0
         if bounds is not None:  # tokens never evaluated but certified to be at least this far
