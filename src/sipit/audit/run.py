@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..collisions.common import cached_json, open_run_dir, parse_layers
+from ..capture import SurfaceSpec
 from ..corpora import sample
 from ..invert.robust import RobustConfig
 from ..io import SipitError, read_json, write_json
@@ -51,7 +52,7 @@ class AuditConfig:
     seed: int = 0
 
 
-def resolve(lm: LM, cfg: AuditConfig) -> tuple[list[int], list[Defense]]:
+def resolve(lm: LM, cfg: AuditConfig) -> tuple[list[int], SurfaceSpec, list[Defense]]:
     """Validate the options against the model: layers, surface, defences. Raises SipitError."""
     for name, value, low in (("trials", cfg.trials, 1), ("candidates", cfg.candidates or 1, 1),
                              ("max-candidates", cfg.max_candidates or 1, 1),
@@ -69,7 +70,7 @@ def resolve(lm: LM, cfg: AuditConfig) -> tuple[list[int], list[Defense]]:
     spec = parse_surface(lm, cfg.surface, layers)
     defenses = parse_defenses(cfg.defenses, lm.d_model)
     check_defenses(lm, spec, defenses)
-    return layers, defenses
+    return layers, spec, defenses
 
 
 def load_prompts(lm: LM, cfg: AuditConfig) -> list[list[int]]:
@@ -94,9 +95,8 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True, en
     from .html import write_page
 
     out = Path(out_dir)
-    layers, defenses = resolve(lm, cfg)
+    layers, spec, defenses = resolve(lm, cfg)
     prompts = load_prompts(lm, cfg)
-    spec = parse_surface(lm, cfg.surface, layers)
     surfaces = {layer: make_surface(lm, spec, layer, prompts, cfg.seed) for layer in layers}  # errors before writing
     t0 = time.perf_counter()
     if cfg.policy == "learned" and spec.kind == "states":  # every layer's missing calibration in one shared pass
