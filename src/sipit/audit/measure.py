@@ -45,16 +45,15 @@ def attack_invert(lm: LM, surface: Surface, defense: Defense, prompts: list[list
     tap = surface.tap_for(defense, seed)
     stored = [surface.defend(defense, surface.leak(ids), seed) for ids in prompts]
     observed = [surface.observe(s) for s in stored]
-    eps, how = None, f"SipIt through {tap.key}, eps from the observations' dtype"
-    if defense.family == "quant":  # the attacker accepts anything within the format's own error
-        bound = max(float(surface.error_bound(s, defense.param).max()) for s in stored)
-        eps = bound * 1.01 + tolerance_for(tap, {torch.float32}).eps
-        how = (f"SipIt through {tap.key}, eps = worst-case {defense.param} storage error (+1%) = {eps:.3g} (greedy: "
-               "a wrong token within eps ends the attempt; a joint or backtracking attacker may recover more)")
+    quant = defense.family == "quant"  # the attacker accepts anything within the format's own error
+    error = 1.01 * max(float(surface.error_bound(s, defense.param).max()) for s in stored) if quant else 0.0
+    config = InvertConfig(policy=policy, observation_error=error, max_candidates=max_candidates)
+    res = invert(lm, observed, tap.layer, config, progress=False, true_ids=prompts, tap=tap)
+    how = f"SipIt through {tap.key}, eps = {res.eps:.3g} (measured"
+    how += (f" + worst-case {defense.param} storage error +1%; greedy: a wrong token within eps ends the attempt, "
+            "a joint or backtracking attacker may recover more)") if quant else ")"
     if max_candidates is not None and max_candidates < lm.vocab_size:
         how += f", at most {max_candidates} candidates per position"
-    config = InvertConfig(policy=policy, eps=eps, max_candidates=max_candidates)
-    res = invert(lm, observed, tap.layer, config, progress=False, true_ids=prompts, tap=tap)
     s = res.summary()
     return dict(method=how, eps=res.eps, exact_rate=s["exact_match_rate"], token_accuracy=s["token_accuracy"],
                 seconds_per_prompt=s["seconds_per_prompt_mean"], candidates_per_position=s["candidates_per_position"],
