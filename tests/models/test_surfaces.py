@@ -88,3 +88,16 @@ def test_logits_soft_cap_and_truncated_vocabulary(tiny_lm, monkeypatch):
         normed_states_from_logits(tiny_lm, out.logits[0, :, :100])
     with pytest.raises(ModelError, match="saturated"):
         normed_states_from_logits(tiny_lm, torch.full_like(capped, 30.0))
+
+
+def test_one_pass_observes_every_tap_as_it_does_alone(tiny_lm):
+    """run_taps (the shared calibration pass): states, final-normed states, a projection and KV caches
+    at several layers from one forward equal each tap's own forward."""
+    from sipit.models.tap import run_taps
+
+    P = random_projection(tiny_lm.d_model, 8, seed=3)
+    taps = [LayerTap(tiny_lm, 2), LayerTap(tiny_lm, 4, final_norm=True), ProjectedTap(tiny_lm, 1, P),
+            KVTap(tiny_lm, 3, "keys"), KVTap(tiny_lm, 1, "both")]
+    ids = ids_of(tiny_lm, n=3, T=7)
+    for tap, got in zip(taps, run_taps(tiny_lm, taps, ids)):
+        assert torch.allclose(got, tap.states(ids), rtol=1e-5, atol=1e-6), tap

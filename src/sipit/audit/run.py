@@ -99,10 +99,10 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True, en
     prompts = load_prompts(lm, cfg)
     surfaces = {layer: make_surface(lm, spec, layer, prompts, cfg.seed) for layer in layers}  # errors before writing
     t0 = time.perf_counter()
-    if cfg.policy == "learned" and spec.kind == "states":  # every layer's missing calibration in one shared pass
-        from ..invert.learned.fit import calibrate_cached_layers
+    if cfg.policy == "learned":  # every missing calibration (each layer's surface, project:k taps) in one pass
+        from ..invert.learned.fit import calibrate_cached_taps
 
-        calibrate_cached_layers(lm, layers)
+        calibrate_cached_taps(lm, [s.tap_for(d, cfg.seed) for s in surfaces.values() for d in defenses])
     # the weights' fingerprint is part of the config: cells of other weights are never reused
     open_run_dir(out, "audit", dict(asdict(cfg), fingerprint=lm.fingerprint), dict(model=lm.name, n_layers=lm.n_layers))
     geo_prompts = [p.ids for p in sample(f"prose:{cfg.geometry_prompts // 2},random:{cfg.geometry_prompts // 2}",

@@ -97,16 +97,28 @@ def invert_files(engine, jobs: list[FileJob], args):
     from ..engines import InvertJob, invert_jobs
     from . import run
 
+    fitted = {}  # (model, tap key) -> seconds its calibration took in this run's shared pass
+    if args.policy == "learned":  # the missing calibrations of every file's tap, one shared pass per model
+        from .learned.fit import calibrate_cached_taps
+
+        for lm in {id(job.lm): job.lm for job in jobs}.values():
+            seconds = calibrate_cached_taps(lm, [job.tap for job in jobs if job.lm is lm])
+            fitted.update({(id(lm), key): s for key, s in seconds.items()})
+
+    def with_calibration(job, result):
+        return job, replace(result, calibration_seconds=result.calibration_seconds + fitted.get((id(job.lm), job.tap.key), 0.0))
+
     if engine.name == "local":
         for job in jobs:
-            yield job, run(args.policy, job.lm, job.prompts, job.layer, job.config, final_norm=job.final_norm,
-                           progress=not args.quiet, true_ids=job.true_ids, max_seconds=args.max_seconds, tap=job.tap)
+            yield with_calibration(job, run(args.policy, job.lm, job.prompts, job.layer, job.config,
+                                            final_norm=job.final_norm, progress=not args.quiet, true_ids=job.true_ids,
+                                            max_seconds=args.max_seconds, tap=job.tap))
         return
     tasks = [InvertJob(job.lm, job.prompts, job.layer, replace(job.config, policy=args.policy,
                                                                max_seconds=args.max_seconds),
                        job.final_norm, job.true_ids, job.out.with_suffix(".parts")) for job in jobs]
     for k, result in invert_jobs(engine, tasks, progress=not args.quiet):
-        yield jobs[k], result
+        yield with_calibration(jobs[k], result)
 
 
 def write_results(job: FileJob, result, noise: float | None) -> dict:

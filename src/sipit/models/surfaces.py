@@ -52,6 +52,9 @@ class ProjectedTap(LayerTap):
     def _run(self, **kw) -> Tensor:
         return super()._run(**kw) @ self.projection.T
 
+    def from_pass(self, states, cache) -> Tensor:
+        return super().from_pass(states, cache) @ self.projection.T
+
 
 class KVTap(LayerTap):
     """Block ℓ's KV cache (HF `past_key_values.layers[ℓ-1]`): keys after rotary, values, or both.
@@ -62,6 +65,7 @@ class KVTap(LayerTap):
     """
 
     plain_states = False
+    needs_cache = True
 
     def __init__(self, lm: LM, layer: int, part: str = "both"):
         super().__init__(lm, layer, final_norm=False)
@@ -123,6 +127,10 @@ class KVTap(LayerTap):
         self._forward(cache, **inputs)
         layer = cache.layers[self.layer - 1]
         return kv_observation(layer.keys[:, :, -n:], layer.values[:, :, -n:], self.part)
+
+    def from_pass(self, states, cache) -> Tensor:
+        layer = cache.layers[self.layer - 1]
+        return kv_observation(layer.keys, layer.values, self.part)
 
     def extend_layers(self, prefix, ids, layers):
         raise NotImplementedError("KVTap observes one block's cache, not states at several layers")

@@ -155,8 +155,16 @@ class LayerTap:
     def __repr__(self):
         return f"LayerTap({self.lm.name}, layer={self.layer}, final_norm={self.final_norm})"
 
+    needs_cache = False  # from_pass reads the pass's KV cache (KVTap)
+
     def _run(self, **kw) -> Tensor:
         return run_layers(self.lm, [self.layer], final_norm=self.final_norm, **kw)[0]
+
+    def from_pass(self, states: dict[int, Tensor], cache) -> Tensor:
+        """This tap's observation [B, T, dim] read off one shared forward pass (`run_taps`): the states
+        states[layer] [B, T, d] at every layer the pass's taps asked for, and the pass's KV cache."""
+        h = states[self.layer]
+        return self.lm.norm(h) if self.final_norm else h
 
     @torch.no_grad()
     def states(self, ids: Tensor) -> Tensor:
@@ -231,3 +239,16 @@ class LayerTap:
         if embeds.dim() == 2:
             return self.extend_embeds(prefix, embeds[:, None])[:, 0]
         return self._extend(prefix, embeds.shape[1], embeds.shape[0], embeds=embeds)
+
+
+@torch.no_grad()
+def run_taps(lm: LM, taps: list, ids: Tensor) -> list[Tensor]:
+    """Every tap's observation of ids [B, T] from one forward pass of `lm` (states, projections, KV
+    caches, at any layers: blocks above the highest tap's layer never run). -> [B, T, tap.dim] per tap.
+    What the calibration of many surfaces shares: one pass instead of one per tap."""
+    from transformers import DynamicCache
+
+    layers = sorted({t.layer for t in taps})
+    cache = DynamicCache(config=lm.model.config) if any(t.needs_cache for t in taps) else None
+    states = dict(zip(layers, run_layers(lm, layers, ids=ids.to(lm.device), cache=cache)))
+    return [t.from_pass(states, cache) for t in taps]

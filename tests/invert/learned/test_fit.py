@@ -62,3 +62,19 @@ def test_any_tap_with_dim_and_key_calibrates(lm):
     assert cal.P.shape == (lm.vocab_size, 24) and cal.table.shape == (lm.vocab_size, 24)
     assert not cal.has_prior and "proj24" in cal.key
     assert isinstance(cal, Calibration)
+
+
+def test_one_pass_over_surfaces_equals_one_calibration_per_tap(lm, cache):
+    """calibrate_cached_taps fits a KV tap and a projection at two layers in one pass, as each alone,
+    and a second call finds both cached."""
+    from sipit.invert.learned.fit import calibrate_cached_taps, load_cached
+    from sipit.models.surfaces import KVTap, ProjectedTap as Projected, random_projection
+
+    taps = [KVTap(lm, 1, "values"), Projected(lm, 2, random_projection(lm.d_model, 8, seed=1))]
+    seconds = calibrate_cached_taps(lm, taps + taps[:1], FAST)  # a tap given twice is fitted once
+    assert set(seconds) == {t.key for t in taps} and all(s > 0 for s in seconds.values())
+    for tap in taps:
+        alone, shared = calibrate(tap, FAST), load_cached(tap, FAST)
+        assert shared.key == alone.key and torch.allclose(shared.table.float(), alone.table.float(), rtol=1e-3, atol=1e-5)
+        assert torch.allclose(shared.P, alone.P, rtol=1e-3, atol=1e-3 * float(alone.P.abs().max()))
+    assert calibrate_cached_taps(lm, taps, FAST) == {t.key: 0.0 for t in taps}

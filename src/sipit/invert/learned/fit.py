@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ...models.tap import LayerTap, run_layers
+from ...models.tap import LayerTap, run_taps
 from .cache import Calibration, cache_path, calibration_key, load_cached
 from .config import LearnedConfig
 from .data import calibration_ids, random_ids
@@ -214,10 +214,13 @@ def calibrate(tap, config: LearnedConfig | None = None) -> Calibration:
 def calibrate_layers(lm, layers: list[int], config: LearnedConfig | None = None,
                      final_norm: bool = False) -> list[Calibration]:
     """Calibrations of LayerTaps at several layers, their states computed in one pass."""
-    taps = [LayerTap(lm, layer, final_norm) for layer in layers]
-    wanted = [t.layer for t in taps]
-    return fit_calibrations(taps, lambda ids: run_layers(lm, wanted, ids=ids, final_norm=final_norm),
-                            config or LearnedConfig())
+    return calibrate_taps(lm, [LayerTap(lm, layer, final_norm) for layer in layers], config)
+
+
+def calibrate_taps(lm, taps: list, config: LearnedConfig | None = None) -> list[Calibration]:
+    """Calibrations of several taps of `lm` (states, projections, KV caches, at any layers), their
+    observations computed in one forward pass (`run_taps`)."""
+    return fit_calibrations(taps, lambda ids: run_taps(lm, taps, ids), config or LearnedConfig())
 
 
 def load_or_calibrate(tap, config: LearnedConfig | None = None) -> tuple[Calibration, float]:
@@ -233,16 +236,25 @@ def load_or_calibrate(tap, config: LearnedConfig | None = None) -> tuple[Calibra
     return cal, cal.seconds
 
 
+def calibrate_cached_taps(lm, taps: list, config: LearnedConfig | None = None) -> dict[str, float]:
+    """Make sure every tap's calibration is cached, fitting the missing ones in one pass.
+    -> {tap.key: seconds spent fitting it (0 when it was cached)}"""
+    config = config or LearnedConfig()
+    taps = list({t.key: t for t in taps}.values())  # one fit per observed quantity
+    missing = [t for t in taps if not cache_path(t, config).exists()]  # (a corrupt file is refitted on use)
+    seconds = {t.key: 0.0 for t in taps}
+    if missing:
+        print(f"sipit: calibrating the learned policy for {lm.name} {', '.join(t.key for t in missing)} in one "
+              f"pass (one-time; cached in {cache_path(missing[0], config).parent})", file=sys.stderr)
+        for tap, cal in zip(missing, calibrate_taps(lm, missing, config)):
+            cal.save(cache_path(tap, config))
+            seconds[tap.key] = cal.seconds
+    return seconds
+
+
 def calibrate_cached_layers(lm, layers: list[int], config: LearnedConfig | None = None,
                             final_norm: bool = False) -> dict[int, float]:
-    """Make sure every layer's calibration is cached, fitting the missing ones in one pass.
-    -> {layer: seconds spent fitting it (0 when it was cached)}"""
-    config = config or LearnedConfig()
+    """calibrate_cached_taps for LayerTaps. -> {layer: seconds spent fitting it (0 when it was cached)}"""
     taps = [LayerTap(lm, layer, final_norm) for layer in layers]
-    missing = [t for t in taps if not cache_path(t, config).exists()]  # (a corrupt file is refitted on use)
-    seconds = {t.layer: 0.0 for t in taps}
-    if missing:
-        for tap, cal in zip(missing, calibrate_layers(lm, [t.layer for t in missing], config, final_norm)):
-            cal.save(cache_path(tap, config))
-            seconds[tap.layer] = cal.seconds
-    return seconds
+    seconds = calibrate_cached_taps(lm, taps, config)
+    return {t.layer: seconds[t.key] for t in taps}
