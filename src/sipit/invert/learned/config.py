@@ -11,7 +11,7 @@ class LearnedConfig:
     seq_len: int = 64  # calibration rows: positions 0..63 cover typical prompt lengths
     random_fraction: float = 0.2  # share of calibration tokens that are uniform random ids
     table_tokens: int | None = None  # position-0 states of a seeded sample of this many tokens and a linear
-    #                                  model of the rest (fast mode, fit.py); None: every token's (the table)
+    #                                  model of the rest (fast mode, fit.py); None or ≥ V: every token's (the table)
     # --- fit (fit.py): h_t ≈ A [e_v, table_v] + B ĥ_{t−1} + c by ridge on standardised features
     ridge: float = 1e-3  # λ, relative to the number of fitted positions
     # --- screening (fit.py, ranker.py): low-rank scores first, exact for the best few
