@@ -22,3 +22,17 @@ def test_bench_invert_reports_every_policy_on_the_same_prompts():
     assert learned["candidates_scored_per_position"] > learned["candidates_verified_per_position"]
     assert set(learned["amortised_seconds_per_prompt"]) == {"1", "100", "10000"}
     assert layer["certify"]["learned top:8"]["prompts"] == 2 and layer["eps_headroom"] > 1
+
+
+def test_bench_invert_fast_calibration_is_the_fast_one(tmp_path, monkeypatch):
+    from sipit.invert.learned import cache_path
+    from sipit.invert.learned.config import calibration_config
+    from sipit.models import LayerTap, load_model
+
+    monkeypatch.setenv("SIPIT_CACHE", str(tmp_path))
+    cfg = Config(model="tiny-llama", layers=[1], policies=("learned",), kinds=("random",), prompts=1, length=6,
+                 certify=(), threads=1, calibration="fast")
+    learned = run(cfg)["layers"]["1"]["policies"]["learned"]
+    assert learned["exact"] == 1 and not learned["calibration_cached"]
+    tap = LayerTap(load_model("tiny-llama"), 1)
+    assert cache_path(tap, calibration_config("fast")).exists() and not cache_path(tap, calibration_config()).exists()

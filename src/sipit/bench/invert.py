@@ -32,6 +32,8 @@ import torch
 from . import sync
 from ..invert import InvertConfig, SipIt
 from ..invert.eps import tolerance_for
+from ..invert.learned.cli import add_calibration_option
+from ..invert.learned.config import calibration_config
 from ..invert.learned.data import calibration_ids, random_ids, stdlib_files
 from ..models import LayerTap, load_model
 from ..models.load import TINY
@@ -108,6 +110,7 @@ class Config:
     precision: str = "fp32"
     seed: int = 1
     final_norm: bool = False
+    calibration: str = "full"  # the learned policy's: full | fast (learned/config.py)
     progress: bool = False
 
 
@@ -188,8 +191,9 @@ def run(cfg: Config) -> dict:
     V = lm.vocab_size
     layers = cfg.layers or [1, lm.n_layers // 2, lm.n_layers]
     data = prompts(lm, list(cfg.kinds), cfg.prompts, cfg.length, cfg.seed)
+    learned = calibration_config(cfg.calibration)
     out = dict(bench="invert", config=asdict(cfg), calibration_leaks=leaked(
-        [p for _, p in data], calibration_ids(lm, InvertConfig().calibration_tokens)), layers={})
+        [p for _, p in data], calibration_ids(lm, learned.calibration_tokens)), layers={})
     out["device"] = torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else f"cpu, {cfg.threads} threads"
     ids = torch.tensor([p for _, p in data], device=lm.device)
     for layer in layers:
@@ -207,7 +211,8 @@ def run(cfg: Config) -> dict:
             T = cfg.length if fast else min(cfg.slow_positions, cfg.length)
             sel = list(range(len(data))) if fast else slow
             cap = None if fast else cfg.slow_max_seconds
-            engine = SipIt(lm, layer, InvertConfig(policy=name, max_seconds=cap), final_norm=cfg.final_norm, eps=tol.eps)
+            engine = SipIt(lm, layer, InvertConfig(policy=name, max_seconds=cap, learned=learned), final_norm=cfg.final_norm,
+                           eps=tol.eps)
             fwd, res = _invert_all(engine, tap, ids[sel], states[sel], T, cfg, f"L{layer} {name}")
             e = entry["policies"][name] = _policy_entry(name, engine, fwd, res, T, cfg, [data[i] for i in sel], V)
             if fast and len(slow) < len(data):
@@ -220,7 +225,8 @@ def run(cfg: Config) -> dict:
                 sub = first_of_each_kind(data, cfg.certify_prompts) if mode != "full" else \
                     list(range(min(cfg.certify_full_prompts, len(data))))
                 n = len(sub)
-                engine = SipIt(lm, layer, InvertConfig(policy=name, certify=mode), final_norm=cfg.final_norm, eps=tol.eps)
+                engine = SipIt(lm, layer, InvertConfig(policy=name, certify=mode, learned=learned), final_norm=cfg.final_norm,
+                               eps=tol.eps)
                 _, cres = _invert_all(engine, tap, ids[sub], states[sub], cfg.length, cfg, f"L{layer} {name} {mode}")
                 base = statistics.median(res[i].seconds for i in sub)
                 cpos = [q for r in cres for q in r.positions]
@@ -253,6 +259,7 @@ def main(argv=None):
                    help="certify modes run on this many prompts of each kind (default: all)")
     p.add_argument("--certify-full-prompts", type=int, default=d.certify_full_prompts)
     p.add_argument("--final-norm", action="store_true")
+    add_calibration_option(p)
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--device", default=d.device)
     p.add_argument("--precision", default=d.precision)
@@ -264,7 +271,8 @@ def main(argv=None):
                  length=a.length, slow_positions=a.slow_positions, slow_prompts=a.slow_prompts, slow_max_seconds=a.slow_max_seconds,
                  certify=tuple(x for x in a.certify.split(",") if x), certify_prompts=a.certify_prompts,
                  certify_full_prompts=a.certify_full_prompts,
-                 threads=a.threads, device=a.device, precision=a.precision, seed=a.seed, final_norm=a.final_norm, progress=a.progress)
+                 threads=a.threads, device=a.device, precision=a.precision, seed=a.seed, final_norm=a.final_norm,
+                 calibration=a.calibration, progress=a.progress)
     print(json.dumps(run(cfg), indent=2))
 
 

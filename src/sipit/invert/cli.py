@@ -45,6 +45,7 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     """Read and validate one states file, load its model (once per model and precision: `models`)."""
     from ..capture import open_surface
     from . import InvertConfig
+    from .learned.config import calibration_config
     from ..models import load_model
     from ..states import load_states
 
@@ -84,7 +85,8 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
             logging.basicConfig(level=logging.INFO, format="%(message)s")
         config = HardPromptsConfig(steps=args.steps, eps=args.eps, observation_error=error, certify=args.certify)
     else:
-        config = InvertConfig(batch_size=args.batch_size, eps=args.eps, observation_error=error, certify=args.certify)
+        config = InvertConfig(batch_size=args.batch_size, eps=args.eps, observation_error=error, certify=args.certify,
+                              learned=calibration_config(args.calibration))
     with open(path, "rb") as f:
         key = hashlib.file_digest(f, "sha256")
     key.update(repr((lm.fingerprint, tap.key, args.policy, config, args.noise, args.seed, args.max_seconds)).encode())
@@ -99,11 +101,15 @@ def invert_files(engine, jobs: list[FileJob], args):
 
     fitted = {}  # (model, tap key) -> seconds its calibration took in this run's shared pass
     if args.policy == "learned":  # the missing calibrations of every file's tap, one shared pass per model
+        from .learned.config import learned_config
         from .learned.fit import calibrate_cached_taps
 
-        for lm in {id(job.lm): job.lm for job in jobs}.values():
-            seconds = calibrate_cached_taps(lm, [job.tap for job in jobs if job.lm is lm])
-            fitted.update({(id(lm), key): s for key, s in seconds.items()})
+        groups = {}  # (model, the jobs' learned settings) -> jobs: fitted with the settings they invert with
+        for job in jobs:
+            groups.setdefault((id(job.lm), learned_config(job.config)), []).append(job)
+        for (_, config), group in groups.items():
+            seconds = calibrate_cached_taps(group[0].lm, [job.tap for job in group], config)
+            fitted.update({(id(group[0].lm), key): s for key, s in seconds.items()})
 
     def with_calibration(job, result):
         return job, replace(result, calibration_seconds=result.calibration_seconds + fitted.get((id(job.lm), job.tap.key), 0.0))
@@ -229,6 +235,7 @@ def add_invert_parser(sub) -> None:
     """Register `sipit invert` on the CLI's subparsers."""
     from ..engines import add_engine_options
     from ..models import PRECISIONS
+    from .learned.cli import add_calibration_option
 
     s = sub.add_parser("invert", help="recover the exact prompts from states files")
     s.add_argument("states", nargs="+",
@@ -247,6 +254,7 @@ def add_invert_parser(sub) -> None:
                    choices=["learned", "gradient", "random", "exhaustive", "bruteforce", "hardprompts"],
                    help="candidate ordering (default learned: calibrated once per model and layer, then cached); "
                         "bruteforce and hardprompts are the paper's baselines")
+    add_calibration_option(s)
     s.add_argument("--batch-size", type=int, default=256, help="candidates per forward pass")
     s.add_argument("--max-seconds", type=float, default=None,
                    help="wall-clock cap per prompt (a capped prompt is reported failed with what it finished)")

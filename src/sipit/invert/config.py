@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..io import SipitError
+
+if TYPE_CHECKING:
+    from .learned.config import LearnedConfig
 
 
 class InversionError(SipitError, ValueError):
@@ -36,6 +40,8 @@ class InvertConfig:
     seed: int = 0  # random policy
     gradient: GradientConfig = field(default_factory=GradientConfig)
     calibration_tokens: int = 49_152  # learned policy: text + random-id tokens to fit on (one-time)
+    learned: LearnedConfig | None = None  # learned policy: all its settings (e.g. LearnedConfig.fast());
+    #                                       None: the defaults with calibration_tokens above
 
 
 def certify_top(certify: str, vocab_size: int) -> int:

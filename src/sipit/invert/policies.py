@@ -14,7 +14,7 @@ Policies:
               (normalised by ‖ĥ_t‖²); every K steps the nearest not-yet-proposed rows are proposed.
 - learned:    calibrated per (model, layer, norm) on the model's own states (learned/): position
               0 by an exact table of every token's state at position 0 (also a certified bound for
-              every token), positions ≥ 1 by a forward linear model h_t ≈ A e_v + B ĥ_{t−1} + c,
+              every token; `--calibration fast`: a linear model instead, no bounds), positions ≥ 1 by a forward linear model h_t ≈ A e_v + B ĥ_{t−1} + c,
               each token scored by the Gaussian log-likelihood of the observed ĥ_t. Guesses every
               position, so the loop speculates.
 """

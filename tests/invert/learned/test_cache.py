@@ -5,11 +5,13 @@ import pytest
 import torch
 
 from sipit.invert import InvertConfig
-from sipit.invert.learned import Calibration, LearnedConfig, cache_path, calibrate, learned_config, load_or_calibrate
+from sipit.invert.learned import (Calibration, LearnedConfig, cache_path, calibrate, calibration_key, learned_config,
+                                  load_or_calibrate)
+from sipit.invert.learned.config import calibration_config
 from sipit.invert.learned import cache as cache_module
 from sipit.models import LayerTap, load_model
 
-from .conftest import FAST
+from .conftest import FAST, SAMPLED
 
 
 def test_save_load_round_trip(lm, tmp_path):
@@ -55,3 +57,27 @@ def test_invert_config_calibration_tokens_reaches_the_learned_config():
     assert learned_config(InvertConfig(calibration_tokens=2048)).calibration_tokens == 2048
     nested = LearnedConfig(calibration_tokens=1024)
     assert learned_config(types.SimpleNamespace(learned=nested, calibration_tokens=5)) is nested
+
+
+def test_default_key_unchanged_and_fast_mode_keyed_apart():
+    """Calibrations cached before fast mode existed are still found: the default settings' key is the
+    one computed at 578d9e9; table_tokens (fast mode) gives another key."""
+    default = ("{'calibration_tokens': 49152, 'seq_len': 64, 'random_fraction': 0.2, 'ridge': 0.001, "
+               "'screen_rank': 128, 'screen_top': 64, 'screen_agree': 0.995, 'gains': (0.4, 0.5, 0.6, 0.7, 0.8, "
+               "0.9, 1.0), 'validation_rows': 32, 'lm_weight': 5.0, 'gate_rows': 128, 'gate_margin': 1.0}")
+    assert LearnedConfig().fit_key() == default and calibration_config("full") == LearnedConfig()
+    lm = load_model("tiny-gpt2")
+    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-a9a24614961f")
+    fast = calibration_config("fast")
+    assert fast.table_tokens == 4096 and fast.calibration_tokens == 16384
+    assert cache_path(LayerTap(lm, 2), fast) != cache_path(LayerTap(lm, 2), LearnedConfig())
+    assert cache_path(LayerTap(lm, 2), SAMPLED) != cache_path(LayerTap(lm, 2), FAST)
+    assert learned_config(InvertConfig(learned=fast)) is fast
+
+
+def test_fast_calibration_round_trip(tmp_path):
+    lm = load_model("tiny-llama")
+    cal = calibrate(LayerTap(lm, 1), SAMPLED)
+    back = Calibration.load(cal.save(tmp_path / "c.safetensors"))
+    assert back.table is None and back.t_basis is None and back.gain0 == cal.gain0
+    assert torch.equal(back.p0, cal.p0) and torch.equal(back.white0, cal.white0) and torch.equal(back.c0w, cal.c0w)

@@ -18,3 +18,18 @@ def test_calibrate_bad_input_is_one_clear_error(cache, capsys):
     assert "layer 9" in capsys.readouterr().err
     assert main(["calibrate", "--model", "tiny-llama", "--tokens", "10"]) == 2
     assert not list(cache.rglob("*.safetensors"))
+
+
+def test_fast_calibration_from_calibrate_is_what_invert_fast_uses(cache, tmp_path, capture, capsys):
+    """`sipit calibrate --calibration fast` caches what `sipit invert --calibration fast` then finds
+    (0 s of calibration); the default mode is keyed apart and fits its own."""
+    assert main(["--threads", "1", "calibrate", "--model", "tiny-llama", "--layers", "1", "--calibration", "fast"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fitted"] == [1] and out["table_tokens"] == 4096 and out["calibration_tokens"] == 16384
+    states = tmp_path / "s.safetensors"
+    capture(states, "tiny-llama", 1, ["hello there", "the cat"])
+    for mode, cached in (("fast", True), ("full", False)):
+        assert main(["--threads", "1", "invert", str(states), "-q", "--calibration", mode]) == 0
+        summary = json.loads((tmp_path / "s.results.summary.json").read_text())
+        assert summary["prompts"] == 2 and (summary["calibration_seconds"] == 0) == cached
+    assert len(list((cache / "learned").glob("*.safetensors"))) == 2

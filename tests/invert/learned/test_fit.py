@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from sipit.invert.learned import Calibration, calibrate, calibrate_layers
-from sipit.invert.learned.fit import Moments
+from sipit.invert.learned.fit import Moments, fit_calibrations
 from sipit.models import LayerTap
 
-from .conftest import FAST
+from .conftest import FAST, SAMPLED
 
 
 def test_streaming_moments_equal_the_batch_ridge():
@@ -78,3 +78,21 @@ def test_one_pass_over_surfaces_equals_one_calibration_per_tap(lm, cache):
         assert shared.key == alone.key and torch.allclose(shared.table.float(), alone.table.float(), rtol=1e-3, atol=1e-5)
         assert torch.allclose(shared.P, alone.P, rtol=1e-3, atol=1e-3 * float(alone.P.abs().max()))
     assert calibrate_cached_taps(lm, taps, FAST) == {t.key: 0.0 for t in taps}
+
+
+def test_fast_mode_observes_only_the_sampled_tokens_at_position_0(lm):
+    """A fast calibration never computes the table: of the position-0-only rows observed (ids [B, 1]),
+    there are exactly table_tokens, and what it stores is a model of every token, not a table."""
+    tap = LayerTap(lm, 2)
+    first_only = []
+
+    def observe(ids):
+        if ids.shape[1] == 1:
+            first_only.append(len(ids))
+        return [tap.states(ids)]
+
+    cal = fit_calibrations([tap], observe, SAMPLED)[0]
+    assert sum(first_only) == SAMPLED.table_tokens < lm.vocab_size
+    assert cal.table is None and cal.t_proj is None and cal.gain0 in SAMPLED.gains
+    assert cal.p0.shape == cal.P.shape == (lm.vocab_size, lm.d_model)
+    assert cal.key != calibrate(tap, FAST).key

@@ -24,9 +24,12 @@ VERSION = 4  # bump whenever what is fitted or stored changes
 class Calibration:
     """What LinearRanker needs (V tokens, d = tap.dim, k, r ≤ d: screening ranks).
 
-    Position 0, where the state depends on the token only:
+    Position 0, where the state depends on the token only, either (full calibration)
         table [V, d]      every token's state (float16 when that fits; else float32)
         t_mean [d], t_basis [d, k], t_proj [V, k]   its centred principal subspace
+    or (fast calibration: table_tokens set; the four above None) a whitened linear model of it,
+    fitted on a sample of tokens, r_0 = ĥ_0 W0 − c0w and score(v) = 2 r_0·P0_v − gain0 ‖P0_v‖²:
+        p0 [V, d], p0_sq [V], white0 [d, d] = W0, c0w [d], gain0
     Positions t ≥ 1, the forward model h_t ≈ A e_v + B ĥ_{t−1} + c whitened by W = Σ^{-1/2} of its
     residuals: the context residual r_t = ĥ_t W − ĥ_{t−1} Bw − cw, and score(v) = 2 r_t·P_v − gain ‖P_v‖²:
         P [V, d] = W A e_v, P_sq [V], white [d, d] = W, Bw [d, d], cw [d], gain
@@ -37,10 +40,10 @@ class Calibration:
     """
 
     key: str
-    table: Tensor
-    t_mean: Tensor
-    t_basis: Tensor
-    t_proj: Tensor
+    table: Tensor | None
+    t_mean: Tensor | None
+    t_basis: Tensor | None
+    t_proj: Tensor | None
     P: Tensor
     P_sq: Tensor
     white: Tensor
@@ -54,6 +57,11 @@ class Calibration:
     u_proj: Tensor | None = None
     lm_gate: float | None = None
     lm_weight: float | None = None
+    p0: Tensor | None = None
+    p0_sq: Tensor | None = None
+    white0: Tensor | None = None
+    c0w: Tensor | None = None
+    gain0: float | None = None
 
     @property
     def has_prior(self) -> bool:
@@ -90,6 +98,7 @@ class Calibration:
         for f in fields(cls):
             if f.name in meta:
                 values[f.name] = meta[f.name] if f.name == "key" else float(meta[f.name])
+            values.setdefault(f.name, None)  # what this calibration's mode does not store
         return cls(**values)
 
 

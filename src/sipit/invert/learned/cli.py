@@ -5,6 +5,15 @@ import json
 import time
 
 
+def add_calibration_option(parser) -> None:
+    from .config import CALIBRATIONS
+
+    parser.add_argument("--calibration", default="full", choices=CALIBRATIONS,
+                        help="learned policy: full (default: every token's position-0 state, certified bounds there) "
+                             "or fast (a sample of 4,096 of them and 16k tokens of text: minutes less at deep "
+                             "layers and big vocabularies, a weaker ranker, still exact); each cached on its own")
+
+
 def add_calibrate_parser(sub, add_model) -> None:
     s = sub.add_parser("calibrate", help="calibrate the learned policy at many layers in one pass (cached; "
                                          "later inversions at those layers start at once)")
@@ -12,26 +21,26 @@ def add_calibrate_parser(sub, add_model) -> None:
     s.add_argument("--layers", default="all", help="'all' (default) or a list like 1,15,30 (negative from the end)")
     s.add_argument("--final-norm", action="store_true", help="for states captured with the final norm applied")
     s.add_argument("--tokens", type=int, help="calibration tokens (default: the learned policy's default)")
+    add_calibration_option(s)
     s.set_defaults(fn=cmd_calibrate)
 
 
 def cmd_calibrate(args) -> int:
-    from dataclasses import replace
-
     from ...collisions.common import parse_layers
     from ...io import SipitError
     from ...models import load_model
-    from .config import LearnedConfig
+    from .config import calibration_config
     from .fit import calibrate_cached_layers
 
     if args.tokens is not None and args.tokens < 256:
         raise SipitError(f"--tokens {args.tokens}: need at least 256 calibration tokens")
-    config = LearnedConfig() if args.tokens is None else replace(LearnedConfig(), calibration_tokens=args.tokens)
+    config = calibration_config(args.calibration, args.tokens)
     lm = load_model(args.model, precision=args.precision, device=args.device)
     layers = parse_layers(args.layers, lm)
     t0 = time.perf_counter()
     seconds = calibrate_cached_layers(lm, layers, config, final_norm=args.final_norm)
     print(json.dumps(dict(model=lm.name, fingerprint=lm.fingerprint, layers=layers, final_norm=args.final_norm,
-                          calibration_tokens=config.calibration_tokens, seconds=round(time.perf_counter() - t0, 1),
+                          calibration=args.calibration, calibration_tokens=config.calibration_tokens,
+                          table_tokens=config.table_tokens, seconds=round(time.perf_counter() - t0, 1),
                           fitted=[layer for layer, s in seconds.items() if s > 0])))
     return 0

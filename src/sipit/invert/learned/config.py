@@ -1,7 +1,7 @@
 """Every constant of the learned ranker in one place (InvertConfig nests it as `learned`)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -10,6 +10,8 @@ class LearnedConfig:
     calibration_tokens: int = 49_152  # text + random-id tokens the forward model is fitted on
     seq_len: int = 64  # calibration rows: positions 0..63 cover typical prompt lengths
     random_fraction: float = 0.2  # share of calibration tokens that are uniform random ids
+    table_tokens: int | None = None  # position-0 states of a seeded sample of this many tokens and a linear
+    #                                  model of the rest (fast mode, fit.py); None or ≥ V: every token's (the table)
     # --- fit (fit.py): h_t ≈ A [e_v, table_v] + B ĥ_{t−1} + c by ridge on standardised features
     ridge: float = 1e-3  # λ, relative to the number of fitted positions
     # --- screening (fit.py, ranker.py): low-rank scores first, exact for the best few
@@ -25,9 +27,25 @@ class LearnedConfig:
     # --- runtime (ranker.py, policy.py); not part of the calibration's cache key
     max_anchors: int = 1024  # evaluated candidates kept per position for re-ranking
 
+    @classmethod
+    def fast(cls) -> "LearnedConfig":
+        """Fast calibration (`--calibration fast`): no position-0 table, a third of the fitted tokens."""
+        return cls(calibration_tokens=16_384, table_tokens=4096)
+
     def fit_key(self) -> str:
-        """The settings a calibration depends on (part of its cache key)."""
-        return repr({k: v for k, v in asdict(self).items() if k != "max_anchors"})
+        """The settings a calibration depends on (part of its cache key). table_tokens=None is left
+        out, so the default key is the one calibrations were cached under before fast mode existed."""
+        return repr({k: v for k, v in asdict(self).items()
+                     if k != "max_anchors" and not (k == "table_tokens" and v is None)})
+
+
+CALIBRATIONS = ("full", "fast")  # `--calibration`: every token's position-0 state, or LearnedConfig.fast()
+
+
+def calibration_config(mode: str = "full", tokens: int | None = None) -> LearnedConfig:
+    """`--calibration full|fast` (and `--tokens N`: calibration tokens) -> LearnedConfig."""
+    base = LearnedConfig.fast() if mode == "fast" else LearnedConfig()
+    return base if tokens is None else replace(base, calibration_tokens=tokens)
 
 
 def learned_config(config) -> LearnedConfig:

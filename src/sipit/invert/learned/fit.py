@@ -10,6 +10,14 @@ are kept. The forward model, per layer:
 The position-0 table is a nonlinear feature of the token (its state through all ℓ blocks without
 context): at ℓ = 15 of SmolLM2 it cuts the mean rank of the true token from 6 to 0.1. The
 residuals' covariance Σ gives the whitening W = Σ^{-1/2}; scores are Gaussian log-likelihoods.
+
+Fast calibration (LearnedConfig.table_tokens set, `--calibration fast`): the table costs V tokens
+through ℓ blocks (half of SmolLM2's calibration at ℓ = 30; over an hour for a 1.5B model with
+V = 151,936 on 2 cores), so only a seeded sample of table_tokens tokens goes through at position 0,
+and a whitened ridge model h_0 ≈ A0 e_v + c0 fitted on them ranks position 0 like every other
+position. It gives up the table feature (t ≥ 1 fits [e_v, ĥ_{t−1}] only: a weaker ranker at deep
+layers) and the certified lower bounds at position 0 (position 0 is certified only by evaluating
+candidates); it keeps exactness: the loop verifies every accepted token whatever the ranker says.
 """
 from __future__ import annotations
 
@@ -94,64 +102,121 @@ def position0_tables(observe: Observe, V: int, device, batch: int = 1024, desc: 
     return [torch.cat([p[j][:, 0].float() for p in parts]) for j in range(len(parts[0]))]
 
 
+def table_sample(V: int, n: int, seed: int = 3) -> Tensor:
+    """Fast mode: the seeded uniform sample of token ids whose position-0 states are computed. [n]"""
+    return torch.randperm(V, generator=torch.Generator().manual_seed(seed))[:n].sort().values
+
+
+def _whitening(resid: Tensor) -> Tensor:
+    """Σ^{-1/2} of a residual covariance [d, d] (tiny eigenvalues clamped). [d, d] float64"""
+    ev, U = torch.linalg.eigh(resid)
+    return U @ torch.diag(ev.clamp_min(ev.max() * 1e-10) ** -0.5) @ U.T
+
+
+def _token_rows(E: Tensor, table: Tensor | None, v: Tensor) -> Tensor:
+    """The token features of ids v [n]: [e_v, table_v], or e_v alone without a table. [n, F]"""
+    return E[v] if table is None else torch.cat([E[v], table[v]], 1)
+
+
+def _predictions(E: Tensor, table: Tensor | None, mx: Tensor, A: Tensor) -> tuple[Tensor, Tensor]:
+    """Every token's whitened prediction (features − their mean) A, and its squared norm. -> [V, d], [V]"""
+    P = torch.cat([(_token_rows(E, table, v) - mx[:A.shape[0]].float()) @ A
+                   for v in torch.arange(len(E), device=E.device).split(16384)])
+    return P, (P.double() ** 2).sum(1).float()
+
+
 @torch.no_grad()
-def _forward_models(observe: Observe, E: Tensor, tables: list[Tensor], ids: Tensor, lam: float,
+def position0_models(observe: Observe, E: Tensor, sample: Tensor, lam: float, batch: int = 1024,
+                     desc: str = "") -> list[dict[str, Tensor]]:
+    """Fast mode, per target: p0, p0_sq, white0, c0w (see Calibration) of a ridge model h_0 ≈ A0 e_v + c0
+    fitted on the position-0 states of the sampled ids [n] only."""
+    moments = None
+    for v in _progress(sample.split(batch), f"calibration {desc}: position-0 sample"):
+        states = observe(v[:, None])
+        moments = moments or [Moments() for _ in states]
+        for m, H in zip(moments, states):
+            m.add(E[v], H[:, 0])
+    out = []
+    for m in moments:
+        Ws, mx, my, resid = m.ridge(lam)
+        white = _whitening(resid)
+        p0, p0_sq = _predictions(E, None, mx, (Ws @ white).float())
+        out.append(dict(p0=p0, p0_sq=p0_sq, white0=white.float(), c0w=(my @ white).float()))
+    return out
+
+
+@torch.no_grad()
+def _forward_models(observe: Observe, E: Tensor, tables: list[Tensor | None], ids: Tensor, lam: float,
                     batch: int = 16, desc: str = "") -> list[dict[str, Tensor]]:
-    """Per target: P, P_sq, white, Bw, cw (see Calibration) from the states of ids [N, S]."""
+    """Per target: P, P_sq, white, Bw, cw (see Calibration) from the states of ids [N, S]
+    (tables: per target the position-0 table, a token feature, or None in fast mode)."""
     moments = [Moments() for _ in tables]
     for i in _progress(range(0, len(ids), batch), f"calibration {desc}: states of text"):
         rows = ids[i:i + batch]
         v = rows[:, 1:].reshape(-1)
         for m, table, H in zip(moments, tables, observe(rows)):
             d = H.shape[-1]
-            X = torch.cat([E[v], table[v], H[:, :-1].reshape(-1, d).float()], 1)  # [n, F]
+            X = torch.cat([_token_rows(E, table, v), H[:, :-1].reshape(-1, d).float()], 1)  # [n, F]
             m.add(X, H[:, 1:].reshape(-1, d))
     out = []
     for m, table in zip(moments, tables):
         Ws, mx, my, resid = m.ridge(lam)
-        ev, U = torch.linalg.eigh(resid)
-        white = U @ torch.diag(ev.clamp_min(ev.max() * 1e-10) ** -0.5) @ U.T  # Σ^{-1/2} [d, d]
-        de, dt = E.shape[1], table.shape[1]
-        B = Ws[de + dt:]  # context part [d, d]
-        A = (Ws[:de + dt] @ white).float()  # token part, whitened [de + dt, d]; float32 products suffice here
-        P = torch.cat([torch.cat([e - mx[:de].float(), t - mx[de:de + dt].float()], 1) @ A
-                       for e, t in zip(E.split(16384), table.split(16384))])  # [V, d]
-        out.append(dict(P=P, P_sq=(P.double() ** 2).sum(1).float(), white=white.float(), Bw=(B @ white).float(),
-                        cw=((my - mx[de + dt:] @ B) @ white).float()))
+        white = _whitening(resid)
+        F = E.shape[1] + (0 if table is None else table.shape[1])
+        B = Ws[F:]  # context part [d, d]
+        P, P_sq = _predictions(E, table, mx, (Ws[:F] @ white).float())  # float32 products suffice here
+        out.append(dict(P=P, P_sq=P_sq, white=white.float(), Bw=(B @ white).float(),
+                        cw=((my - mx[F:] @ B) @ white).float()))
     return out
 
 
-def _screening(parts: dict, table: Tensor, H: Tensor, ids: Tensor, cfg: LearnedConfig, tap) -> dict:
-    """Position-0 subspace, the gain of the token part and the screening rank of P, chosen on fresh
-    validation rows ids [n, S] with states H [n, S, d].
+def _table_subspace(table: Tensor, k: int) -> dict:
+    """The position-0 table and its centred principal subspace (see Calibration). A projection only
+    shrinks distances, so the subspace gives certified lower bounds."""
+    mean = table.double().mean(0)
+    Q = _principal_basis(table, k, mean)
+    return dict(table=table, t_mean=mean.float(), t_basis=Q.float(),
+                t_proj=torch.cat([(c.double() - mean) @ Q for c in table.split(16384)]).float())  # float64: the bounds' slack assumes one rounding
+
+
+def _best_gain(S: Tensor, P_sq: Tensor, truth: Tensor, gains) -> float:
+    """The gain g of cfg.gains whose scores S − g·P_sq [n, V] rank the true ids [n] first most often
+    (ties: the least shrinkage)."""
+    hits = {g: int(((S - g * P_sq).argmax(1) == truth).sum()) for g in gains}
+    return max(gains, key=lambda g: (hits[g], g))
+
+
+def _position0_gain(p0: dict, H0: Tensor, truth: Tensor, gains) -> float:
+    """Fast mode: the gain of the position-0 model, chosen on fresh position-0 states H0 [n, d] of ids truth [n]."""
+    r0 = H0.float() @ p0["white0"] - p0["c0w"]
+    return _best_gain(2 * r0 @ p0["p0"].T, p0["p0_sq"], truth, gains)
+
+
+def _screening(parts: dict, H: Tensor, ids: Tensor, cfg: LearnedConfig, tap) -> Calibration:
+    """The gain of the token part and the screening rank of P, chosen on fresh validation rows
+    ids [n, S] with states H [n, S, d]; parts: the fitted fields (position 0's included).
 
     The ridge predictions P are noisy, so shrinking them (score 2 r·P_v − g‖P_v‖²) picks the true
     token more often: g is the best of cfg.gains (SmolLM2, held-out prompts, top-1: ℓ = 30 prose
     74 → 76%, code 84 → 87%, random 59 → 65% at g = 0.7; ℓ = 15 prose 96 → 97%). The rank for P is
     the smallest of k, 2k, ... whose screened top-1 agrees with full scoring on ≥ cfg.screen_agree
     of the positions (SmolLM2: 128 at ℓ = 15; at ℓ = 1 whitening spreads P over every direction and
-    no low rank agrees: full scoring there). A projection only shrinks distances, so the position-0
-    subspace gives certified lower bounds."""
-    d = table.shape[1]
-    k = min(cfg.screen_rank, d)
-    mean = table.double().mean(0)
-    Q = _principal_basis(table, k, mean)
-    out = dict(parts, t_mean=mean.float(), t_basis=Q.float(),
-               t_proj=torch.cat([(c.double() - mean) @ Q for c in table.split(16384)]).float())  # float64: the bounds' slack assumes one rounding
+    no low rank agrees: full scoring there)."""
+    out = dict(parts)
+    d = out["P"].shape[1]
     r = (H[:, 1:] @ parts["white"] - H[:, :-1] @ parts["Bw"] - parts["cw"]).reshape(-1, d)  # [n, d]
     truth = ids[:, 1:].reshape(-1)
     P, P_sq = parts["P"], parts["P_sq"]
     S = 2 * r @ P.T  # [n, V], once for every gain
-    hits = {g: int(((S - g * P_sq).argmax(1) == truth).sum()) for g in cfg.gains}
-    gain = max(cfg.gains, key=lambda g: (hits[g], g))  # ties: the least shrinkage
+    gain = _best_gain(S, P_sq, truth, cfg.gains)
     full = (S - gain * P_sq).argmax(1)
     del S
     basis = _principal_basis(P, d)  # all directions, by decreasing variance
     proj = (P.double() @ basis).float()  # [V, d], sliced for each rank tried
-    rank = k
+    rank = min(cfg.screen_rank, d)
     while True:
         out.update(p_basis=basis[:, :rank].float().contiguous(), p_proj=proj[:, :rank].contiguous())
-        cal = Calibration(key="", table=table, gain=gain, seconds=0.0, **out)
+        cal = Calibration(key="", gain=gain, seconds=0.0, **out)
         if rank == d or float((LinearRanker(cal, tap, cfg.screen_top).screen(r) == full).float().mean()) >= cfg.screen_agree:
             return cal
         rank = min(2 * rank, d)
@@ -183,8 +248,14 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig) -> list[C
     t0 = time.perf_counter()
     lm = taps[0].lm
     desc = f"{lm.name} {','.join(t.key for t in taps)}"
-    tables = position0_tables(observe, lm.vocab_size, lm.device, desc=desc)
     E = lm.embedding_rows().float()
+    fast = cfg.table_tokens is not None and cfg.table_tokens < lm.vocab_size
+    if fast:  # a sample of position-0 states and a linear model of the rest; no table feature
+        pos0 = position0_models(observe, E, table_sample(lm.vocab_size, cfg.table_tokens).to(lm.device),
+                                cfg.ridge, desc=desc)
+        tables = [None] * len(pos0)
+    else:
+        tables = position0_tables(observe, lm.vocab_size, lm.device, desc=desc)
     ids = calibration_ids(lm, cfg.calibration_tokens, cfg.seq_len, cfg.random_fraction).to(lm.device)
     parts = _forward_models(observe, E, tables, ids, cfg.ridge, desc=desc)
     val = calibration_ids(lm, cfg.validation_rows * cfg.seq_len, cfg.seq_len, cfg.random_fraction, seed=1)
@@ -193,9 +264,15 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig) -> list[C
     H_val, H_gate = observe(val), observe(gate)
     out = []
     for j, tap in enumerate(taps):
-        table = tables[j]
-        fits16 = bool(torch.isfinite(table).all() and table.abs().max() < 6e4)
-        cal = _screening(parts[j], table.half() if fits16 else table, H_val[j].float(), val, cfg, tap)
+        if fast:  # position 0's gain from the fresh rows' first positions (text and random ids)
+            H0 = torch.cat([H_val[j][:, 0], H_gate[j][:, 0]])
+            gain0 = _position0_gain(pos0[j], H0, torch.cat([val[:, 0], gate[:, 0]]), cfg.gains)
+            first = dict(pos0[j], gain0=gain0, table=None, t_mean=None, t_basis=None, t_proj=None)
+        else:
+            table = tables[j]
+            fits16 = bool(torch.isfinite(table).all() and table.abs().max() < 6e4)
+            first = _table_subspace(table.half() if fits16 else table, min(cfg.screen_rank, table.shape[1]))
+        cal = _screening(dict(parts[j], **first), H_val[j].float(), val, cfg, tap)
         if observes_plain_states(tap) and tap.layer == lm.n_layers:
             _lm_prior(cal, tap, H_gate[j], cfg)
         cal.key = calibration_key(tap, cfg)

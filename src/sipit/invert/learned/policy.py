@@ -1,7 +1,8 @@
 """The `learned` policy: a LinearRanker over a cached Calibration of the tap.
 
 Guesses every position at once, so the loop speculates; position 0 also gets certified lower
-bounds of every token's distance from the table. A policy only orders candidates; the loop verifies.
+bounds of every token's distance from the table (a full calibration; a fast one has no table and
+no bounds). A policy only orders candidates; the loop verifies.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class Learned(Policy):
             seen.append((ids.to(self.target.device), states.to(self.target.device, torch.float32, copy=True)))
 
     def candidates(self, t, prefix):
-        if t == 0:  # table distances: exact for the screened few, lower bounds for the rest
+        if t == 0:  # table distances (exact for the screened few, lower bounds for the rest) or scores
             yield from self.d0.argsort().split(self.config.batch_size)
         else:  # (the loop skips ids already tried)
             cfg = self.config

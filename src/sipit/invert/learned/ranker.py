@@ -2,7 +2,8 @@
 rankings of the vocabulary on demand, re-ranked from the candidates the loop has evaluated.
 
 Position 0: relative distance of ĥ_0 to every token's state in the table (exact for the closest
-screen_top in the principal subspace, a certified lower bound for the rest).
+screen_top in the principal subspace, a certified lower bound for the rest); in a fast calibration
+(no table) score(v) = 2 r_0·P0_v − gain0 ‖P0_v‖² with r_0 = ĥ_0 W0 − c0w, and no bounds.
 Position t ≥ 1: score(v) = 2 r_t·P_v − gain ‖P_v‖² with the context residual
 r_t = ĥ_t W − ĥ_{t−1} Bw − cw, plus, at the last layer for text-like prompts, 2·lm_weight·log p_LM(v | ĥ_{t−1}).
 """
@@ -23,15 +24,20 @@ class LinearRanker:
         """tap: what the calibration observed (its LM's head and final norm serve the LM prior)."""
         self.cal, self.lm, self.final_norm = cal, tap.lm, getattr(tap, "final_norm", False)
         self.screen_top = screen_top
-        self.table_err = STORE_ERR[cal.table.dtype] + 1e-5  # storage rounding + batched-pass noise
+        if cal.table is not None:
+            self.table_err = STORE_ERR[cal.table.dtype] + 1e-5  # storage rounding + batched-pass noise
+            self.t_proj_sq = (cal.t_proj.double() ** 2).sum(1)  # [V]
         self.unembed = self.lm.unembedding_rows().float() if cal.has_prior else None
-        self.t_proj_sq = (cal.t_proj.double() ** 2).sum(1)  # [V]
         self.gain = cal.gain
 
-    def position0(self, y: Tensor) -> tuple[int, Tensor, Tensor]:
-        """y [d] -> (guess, relative distances [V] (exact for a screened few, else lower bounds),
-        certified lower bounds of the true relative distances [V])."""
+    def position0(self, y: Tensor) -> tuple[int, Tensor, Tensor | None]:
+        """y [d] -> (guess, an order key [V]: ascending = best first, certified lower bounds of the
+        true relative distances [V] or None). With the table the key is the relative distance (exact
+        for a screened few, else a lower bound); without it, minus the score."""
         c = self.cal
+        if c.table is None:
+            score = 2 * c.p0 @ (y.float() @ c.white0 - c.c0w) - c.gain0 * c.p0_sq  # [V]
+            return int(score.argmax()), -score, None
         q = (y.double() - c.t_mean.double()).float() @ c.t_basis  # [k]
         q_sq = float((q.double() ** 2).sum())
         d_sq = self.t_proj_sq - 2 * (c.t_proj @ q).double() + q_sq  # ‖Π(x_v − y)‖² ≤ ‖x_v − y‖²
