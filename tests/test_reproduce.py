@@ -16,9 +16,16 @@ def test_layerwise_table_renders_a_collisions_run(tmp_path):
     path = write_json(tmp_path / "run" / "results.json", dict(
         n_layers=4, model="tiny", config=dict(threshold=1e-6),
         series=[dict(label="prose", n_pairs=4, layers=layers)]))
-    rows, md = layerwise_table(path)
-    assert [r["layer"] for r in rows] == [0, 1, 2, 3, 4] and rows[3]["min_distance"] == 1e-3
+    other = write_json(tmp_path / "run2" / "results.json", dict(
+        n_layers=2, model="tiny2", config=dict(threshold=1e-6),
+        series=[dict(label="code", n_pairs=6, layers=[dict(layers[i], n_pairs=6) for i in range(3)])]))
+    rows, md = layerwise_table([path, other])
+    assert [(r["model"], r["layer"]) for r in rows] == [("tiny", i) for i in range(5)] + [("tiny2", i) for i in range(3)]
+    assert rows[3]["min_distance"] == 1e-3
     assert "Table 1" in md and "`run`" in md and "| 2 | 0.01 | 0.006 | 0 |" in md and "| 0 |" in md
+    # one row per model: layers 1, L/2, L and the smallest relative distance over layers >= 1
+    assert "| tiny (`run`) | 4 | prose | 4 | 0.1 (0.004) | 0.01 (0.006) | 0.0001 (0.01) | 0.004 (layer 1) | 0 |" in md
+    assert "| tiny2 (`run2`) | 2 | code | 6 | 0.1 (0.004) | 0.1 (0.004) | 0.01 (0.006) | 0.004 (layer 1) | 0 |" in md
 
 
 def test_reproduce_tiny(tmp_path):

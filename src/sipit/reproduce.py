@@ -30,7 +30,8 @@ from .io import SipitError, atomic_write, read_json, write_json
 
 PAPER_TABLE2 = {"hardprompts": (6132.59, 0.00), "bruteforce": (3889.61, 1.00), "sipit": (28.01, 1.00)}
 PAPER_SETUP = "GPT-2 small, 100 prompts of 20 tokens (90% natural, 10% random), one GPU"
-COLLISIONS = Path(__file__).resolve().parents[2] / "docs" / "results" / "collisions-smollm2" / "results.json"
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+COLLISIONS = tuple(RESULTS / f"collisions-{m}" / "results.json" for m in ("smollm2", "gemma3-270m", "qwen2.5-coder-1.5b"))
 
 
 @dataclass
@@ -268,23 +269,36 @@ def _calibrated(lm, layer: int) -> bool:
     return cache_path(LayerTap(lm, layer), learned_config(InvertConfig())).exists()
 
 
-def layerwise_table(path: Path = COLLISIONS) -> tuple[list[dict], str]:
-    d = read_json(path)
-    series = d["series"][0]
-    L = d["n_layers"]
-    rows = [dict(layer=x["layer"], min_distance=x["min_distance"], min_relative=x["min_relative"],
-                 below_threshold=x["below_threshold"], pairs=x["n_pairs"]) for x in series["layers"]]
+def layerwise_table(paths=COLLISIONS) -> tuple[list[dict], str]:
+    """Table 1 from committed `sipit collisions` runs (one per model): a row per model (layers 1, L/2,
+    L and the smallest relative distance over every layer ≥ 1), then each model's layers."""
+    rows, summary, detail = [], [], []
+    for path in map(Path, paths):
+        d = read_json(path)
+        series, L = d["series"][0], d["n_layers"]
+        layers = [dict(model=d["model"], layer=x["layer"], min_distance=x["min_distance"], min_relative=x["min_relative"],
+                       below_threshold=x["below_threshold"], pairs=x["n_pairs"]) for x in series["layers"]]
+        rows += layers
+        at = {r["layer"]: r for r in layers}
+        deep = [r for r in layers if r["layer"] >= 1]
+        worst = min(deep, key=lambda r: r["min_relative"])
+        cell = lambda r: f"{r['min_distance']:.3g} ({r['min_relative']:.2g})"  # noqa: E731
+        summary.append(f"| {d['model']} (`{path.parent.name}`) | {L} | {series['label']} | {series['n_pairs']:,} | "
+                       + " | ".join(cell(at[i]) for i in (1, L // 2, L))
+                       + f" | {worst['min_relative']:.2g} (layer {worst['layer']}) | {sum(r['below_threshold'] for r in deep)} |")
+        detail += [f"\n`{path.parent.name}` ({d['model']}):\n", "| layer | min L2 distance | relative to median norm | pairs ≤ threshold |",
+                   "|---:|---:|---:|---:|"]
+        detail += [f"| {r['layer']} | {r['min_distance']:.3g} | {r['min_relative']:.3g} | {r['below_threshold']} |"
+                   for r in layers if r["layer"] in (1, L // 2, L) or r["layer"] % 5 == 0]
     md = ["### Layerwise minimum distances (paper Table 1)\n",
-          f"From the committed run `{path.parent.name}` ({d['model']}, {series['label']}, "
-          f"{series['n_pairs']:,} pairs of last-token states per layer; threshold {d['config']['threshold']:g}). "
-          "Paper: minimum distances stay far above the 1e-6 collision threshold at every layer, "
-          "no collisions among billions of pairs (GPT-2, Gemma-3, Llama-3, Mistral, Phi).\n",
-          "| layer | min L2 distance | relative to median norm | pairs ≤ threshold |", "|---:|---:|---:|---:|"]
-    for r in rows:
-        if r["layer"] in (1, L // 2, L) or r["layer"] % 5 == 0:
-            md.append(f"| {r['layer']} | {r['min_distance']:.3g} | {r['min_relative']:.3g} | {r['below_threshold']} |")
-    md.append("\nLayer 0 (the embeddings) has identical rows for duplicate tokens; they are counted as structural "
-              "pairs in the source run, not as collisions.")
+          "Minimum L2 distance between the last-token states of sampled prompts, per layer (relative = ÷ the median "
+          "state norm there), from the committed `sipit collisions` runs; threshold 1e-6. Paper: minimum distances "
+          "stay far above the 1e-6 collision threshold at every layer, no collisions among billions of pairs "
+          "(GPT-2, Gemma-3, Llama-3, Mistral, Phi).\n",
+          "| model (run) | layers | prompts | pairs / layer | layer 1 | layer L/2 | layer L | smallest relative, layers ≥ 1 "
+          "| pairs ≤ 1e-6 |", "|---|---:|---|---:|---:|---:|---:|---:|---:|", *summary, *detail,
+          "\nLayer 0 (the embeddings) has identical rows for duplicate tokens; they are counted as structural "
+          "pairs in the source runs, not as collisions."]
     return rows, "\n".join(md) + "\n"
 
 
