@@ -42,7 +42,6 @@ def test_hf_hidden_states_tuple(tiny_lm, tmp_path, capsys):
 
 @pytest.mark.parametrize("spec,centred", [("tiny-gpt2", True), ("tiny-llama", False)])
 def test_transformer_lens_default_and_no_processing(spec, centred, tmp_path, capsys):
-    pytest.importorskip("transformer_lens")
     from transformer_lens.model_bridge import TransformerBridge
 
     wrapped = load_model(spec)  # TransformerLens may process these weights; invert with a fresh copy
@@ -64,7 +63,6 @@ def test_transformer_lens_default_and_no_processing(spec, centred, tmp_path, cap
 
 
 def test_nnsight_saved_block_output(tmp_path, capsys):
-    pytest.importorskip("nnsight")
     from nnsight import LanguageModel
 
     lm = load_model("tiny-llama")
