@@ -10,11 +10,13 @@
 #
 # Usage: bash docs/results/surfaces/acceptance.sh [smollm2|gemma3-270m ...]
 #        OUT=... THREADS=2 CAP=120 (seconds per prompt; a capped prompt counts as failed)
+#        KS="64 16 4" (projection sizes)  STORAGE="fp8 int8-row" (states stored in low precision; "" = none)
 set -euo pipefail
 OUT=${OUT:-docs/results/surfaces/runs}
 THREADS=${THREADS:-2}
 CAP=${CAP:-120}
 KS=${KS:-"64 16 4"}
+STORAGE=${STORAGE-"fp8 int8-row"}
 sipit() { python -m sipit --threads "$THREADS" "$@"; }
 models=("$@")
 [ ${#models[@]} -eq 0 ] && models=(smollm2 gemma3-270m)
@@ -28,8 +30,7 @@ for model in "${models[@]}"; do
   }
   for layer in 1 $((L / 2)) $L; do
     for part in keys values both; do cap "kv-$part-L$layer" --surface "kv:$part" --layer "$layer"; done
-    cap "states-fp8-L$layer" --surface states --layer "$layer" --storage fp8
-    cap "states-int8row-L$layer" --surface states --layer "$layer" --storage int8-row
+    for fmt in $STORAGE; do cap "states-$fmt-L$layer" --surface states --layer "$layer" --storage "$fmt"; done
     for k in $KS; do cap "proj-gaussian-k$k-L$layer" --surface "projection:$k" --layer "$layer"; done
   done
   cap logits --surface logits

@@ -154,7 +154,7 @@ by SipIt on {report['prompts']} prompts ({html.escape(cfg['prompts'])}, lengths 
 Utility is measured on {report['utility_tokens']} held-out tokens ({html.escape(cfg['utility_text'])}):
 {html.escape(report['utility_note'])}.
 Model fingerprint {report['fingerprint']}; {report['threads']} threads; load {report['load']};
-{report['seconds_this_run']} s this run.</p>
+{report['seconds_this_run']} s this run (of which {report.get('calibration_seconds_this_run', 0)} s one-time calibration).</p>
 <h2>Verdicts</h2><ul>{verdicts}</ul>
 <p><b>How to read.</b> <i>Exact recovery</i>: share of prompts recovered token for token. <i>Certified</i>: for
 SipIt attacks (none, quant, project), the share of positions with a certificate (every other token shown farther

@@ -101,10 +101,12 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True, en
     prompts = load_prompts(lm, cfg)
     surfaces = {layer: make_surface(lm, spec, layer, prompts, cfg.seed) for layer in layers}  # errors before writing
     t0 = time.perf_counter()
+    calibration_seconds = 0.0  # this run's share: 0 when every calibration was cached
     if cfg.policy == "learned":  # every missing calibration (each layer's surface, project:k taps) in one pass
         from ..invert.learned.fit import calibrate_cached_taps
 
-        calibrate_cached_taps(lm, [s.tap_for(d, cfg.seed) for s in surfaces.values() for d in defenses])
+        fitted = calibrate_cached_taps(lm, [s.tap_for(d, cfg.seed) for s in surfaces.values() for d in defenses])
+        calibration_seconds = sum(fitted.values())
     # the weights' fingerprint is part of the config: cells of other weights are never reused
     open_run_dir(out, "audit", dict(asdict(cfg), fingerprint=lm.fingerprint), dict(model=lm.name, n_layers=lm.n_layers))
     geo_prompts = [p.ids for p in sample(f"prose:{cfg.geometry_prompts // 2},random:{cfg.geometry_prompts // 2}",
@@ -144,7 +146,8 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True, en
                   vocab_size=V, config=asdict(cfg), layers_audited=layers, defenses=[x.name for x in defenses],
                   prompts=len(prompts), prompt_lengths=sorted({len(p) for p in prompts}),
                   utility_tokens=int(held.numel()), layers=per_layer, cells=cells,
-                  seconds_this_run=round(time.perf_counter() - t0, 2), threads=torch.get_num_threads(),
+                  seconds_this_run=round(time.perf_counter() - t0, 2), calibration_seconds_this_run=round(calibration_seconds, 1),
+                  threads=torch.get_num_threads(),
                   load=[round(x, 2) for x in os.getloadavg()])
     write_json(out / "report.json", report)
     write_page(report, out)
