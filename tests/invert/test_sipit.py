@@ -210,10 +210,11 @@ def test_cli_invert_roundtrip_and_failures(tmp_path, capsys):
     assert main(["invert", str(states), "-q", "--certify", "top:0", "-o", str(out)]) == 2
     assert "certify" in capsys.readouterr().err
 
-    # wrong layer: a failure report, exit 1, nothing printed as recovered
-    assert main(["invert", str(states), "-q", "--layer", "3", "-o", str(out)]) == 1
-    text = capsys.readouterr().out
-    assert "FAILED" in text and "recovered" not in text.split("\n")[0]
+    # wrong layer: the file's own ids say which layer it is, in one forward (no calibration at layer 3)
+    assert main(["invert", str(states), "-q", "--layer", "3", "-o", str(out)]) == 2
+    io = capsys.readouterr()
+    assert "layer 2 of tiny-llama" in io.err and "give --layer 2" in io.err and io.err.count("\n") == 1
+    assert "recovered" not in io.out and json.loads(out.with_suffix(".summary.json").read_text())["layer"] == 2
     # wrong model (same hidden size)
     assert main(["invert", str(states), "-q", "--model", "tiny-gpt2", "-o", str(out)]) == 1
     # wrong hidden size, no metadata

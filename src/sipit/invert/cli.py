@@ -43,7 +43,8 @@ class FileJob:
 
 def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     """Read and validate one states file, load its model (once per model and precision: `models`)."""
-    from ..capture import open_surface
+    from ..capture import check_layer, open_surface
+    from ..models import LayerTap
     from . import InvertConfig
     from .learned.config import calibration_config
     from ..models import load_model
@@ -62,6 +63,8 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: {path} was made with another tokenizer than {model}'s", file=sys.stderr)
     tap, prompts, error = open_surface(lm, st, lm.layer_index(layer), final_norm)
+    if st.ids and type(tap) is LayerTap:  # plain states with their ids: a wrong layer is told in seconds
+        check_layer(lm, st.ids[0], prompts[0], tap.layer, final_norm, error)
     if args.noise:  # relative noise of norm sigma*||h_t|| per position; eps must then exceed sigma
         from .robust import add_noise
 
