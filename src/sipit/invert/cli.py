@@ -44,10 +44,9 @@ class FileJob:
 def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     """Read and validate one states file, load its model (once per model and precision: `models`)."""
     from ..capture import check_layer, open_surface
-    from ..models import LayerTap
+    from ..models import LayerTap, load_model
     from . import InvertConfig
     from .learned.config import calibration_config
-    from ..models import load_model
     from ..states import load_states
 
     st = load_states(path, args.layer, args.file_layers)
@@ -96,25 +95,31 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     return FileJob(path, out, lm, model, layer, final_norm, tap, prompts, st.ids, config, key.hexdigest()[:16])
 
 
+def calibrate_jobs(jobs: list[FileJob]) -> dict:
+    """The learned policy's missing calibrations of every job's tap, fitted in one shared pass per model
+    and learned settings. -> {(id(lm), tap key): seconds its fit took now}"""
+    from .learned.config import learned_config
+    from .learned.fit import calibrate_cached_taps
+
+    groups = {}  # (model, the jobs' learned settings) -> jobs: fitted with the settings they invert with
+    for job in jobs:
+        groups.setdefault((id(job.lm), learned_config(job.config)), []).append(job)
+    fitted = {}
+    for (model, config), group in groups.items():
+        seconds = calibrate_cached_taps(group[0].lm, [job.tap for job in group], config)
+        fitted.update({(model, key): s for key, s in seconds.items()})
+    return fitted
+
+
 def invert_files(engine, jobs: list[FileJob], args):
     """(job, InversionResult) for every job: in turn here (local), or all their prompt chunks as
     engine tasks, each file's chunks kept in OUT.parts so a rerun continues (ray)."""
     from ..engines import InvertJob, invert_jobs
     from . import run
 
-    fitted = {}  # (model, tap key) -> seconds its calibration took in this run's shared pass
-    if args.policy == "learned":  # the missing calibrations of every file's tap, one shared pass per model
-        from .learned.config import learned_config
-        from .learned.fit import calibrate_cached_taps
+    fitted = calibrate_jobs(jobs) if args.policy == "learned" else {}
 
-        groups = {}  # (model, the jobs' learned settings) -> jobs: fitted with the settings they invert with
-        for job in jobs:
-            groups.setdefault((id(job.lm), learned_config(job.config)), []).append(job)
-        for (_, config), group in groups.items():
-            seconds = calibrate_cached_taps(group[0].lm, [job.tap for job in group], config)
-            fitted.update({(id(group[0].lm), key): s for key, s in seconds.items()})
-
-    def with_calibration(job, result):
+    def with_calibration(job, result):  # the job's share of the shared calibration pass
         return job, replace(result, calibration_seconds=result.calibration_seconds + fitted.get((id(job.lm), job.tap.key), 0.0))
 
     if engine.name == "local":
