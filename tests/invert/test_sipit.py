@@ -128,6 +128,18 @@ def test_wrong_layer_fails_at_position_0_without_scanning_every_position(lm, pol
         assert p.tap_calls <= (0 if policy == "learned" else 4)  # learned: certified by the table
 
 
+def test_a_failure_names_the_position_that_failed(lm):
+    """Speculation verifies positions 0-2 in one pass; position 3 (not a state of any token) fails
+    and the message names position 3, not the position the loop started from."""
+    ids, states = capture(lm, TEXT[:1], 2, n=6)
+    states = states.clone()
+    states[0, 3] *= -1
+    r = invert(lm, states, 2, InvertConfig(policy="learned", **FAST), progress=False)
+    p = r.prompts[0]
+    assert p.status == "failed" and p.ids == ids[0, :3].tolist()
+    assert "at position 3" in p.message and [q.via for q in p.positions[:3]] == ["speculation"] * 3
+
+
 def test_wrong_model_fails():
     gpt2, llama = load_model("tiny-gpt2"), load_model("tiny-llama")
     _, states = capture(gpt2, TEXT, 2)

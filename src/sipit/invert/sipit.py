@@ -106,7 +106,7 @@ class SipIt:
             prefix, checked = found.prefix, found.next_checked
             positions += found.positions
             if positions[-1].token is None:
-                q = positions[-1]
+                q, t = positions[-1], len(positions) - 1  # the failed position (speculation may have moved past t)
                 why = (f"time cap of {self.config.max_seconds:g}s reached at position {t} ({q.tried} candidates "
                        "tried there)" if run.capped() else
                        f"no token within eps={self.eps:g} at position {t} (best relative distance {q.distance:.3g}); "
