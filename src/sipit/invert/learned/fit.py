@@ -1,9 +1,10 @@
-"""Fitting a Calibration from the model's own states, for one tap or for many layers in one pass.
+"""Fitting a Calibration from the model's own states, for one tap or for many taps in one pass.
 
-One pass serves every requested layer: the vocabulary's position-0 states and the calibration text
-go through the blocks once (`run_layers` captures every layer on the way), and each layer's ridge
-fit is accumulated from streaming moments (float32 per batch, float64 sums), so no [N, S, d] states
-are kept. The forward model, per layer:
+One pass serves every requested tap (states, projections, KV caches, at any layers): the
+vocabulary's position-0 states and the calibration text go through the blocks once (`run_taps`
+reads every tap's observation off that pass), and each tap's ridge fit is accumulated from
+streaming moments (float32 per batch, float64 sums), so no [N, S, d] states are kept. The forward
+model, per tap:
 
     h_t ≈ A [e_v, table_v] + B ĥ_{t−1} + c   (ridge on standardised features)
 
