@@ -103,13 +103,12 @@ def capture_surface(lm: LM, prompts: list[list[int]], spec: SurfaceSpec, layer: 
 def layer_distances(lm: LM, ids: list[int], states: Tensor, final_norm: bool = False) -> list[float]:
     """Largest relative distance over positions between `states` [T, d] and the states of their own
     `ids` [T] at each layer 0..L, from one forward pass. -> [L+1]"""
+    from .invert.verify import rel_distance
     from .models import run_layers
 
-    layers = list(range(lm.n_layers + 1))
     x = torch.tensor([ids], device=lm.device)
-    h = states.to(lm.device).double()
-    return [float(((y[0].double() - h).norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-30)).max())
-            for y in run_layers(lm, layers, ids=x, final_norm=final_norm)]
+    return [float(rel_distance(y[0], states.to(lm.device)).max())
+            for y in run_layers(lm, list(range(lm.n_layers + 1)), ids=x, final_norm=final_norm)]
 
 
 def check_layer(lm: LM, ids: list[int], states: Tensor, layer: int, final_norm: bool, error: float = 0.0) -> None:
