@@ -1,17 +1,17 @@
 """`sipit bench invert` on a tiny model: every policy on the same prompts, slow ones on a subset."""
-from sipit.bench.invert import Config, first_of_each_kind, run
+from sipit.bench.invert import Config, first_of_each_kind, interleaved, run
 
 
-def test_first_of_each_kind():
+def test_first_of_each_kind_and_interleaved():
     data = [("a", 0), ("a", 1), ("a", 2), ("b", 3), ("b", 4)]
     assert first_of_each_kind(data, 1) == [0, 3] and first_of_each_kind(data, None) == [0, 1, 2, 3, 4]
+    assert interleaved(data) == [0, 3, 1, 4, 2]
 
 
 def test_bench_invert_reports_every_policy_on_the_same_prompts():
     cfg = Config(model="tiny-llama", layers=[2], policies=("learned", "exhaustive"), kinds=("prose", "random"),
                  prompts=2, length=6, slow_prompts=1, slow_positions=2, slow_max_seconds=60, certify=("top:8",),
-                 certify_prompts=1,
-                 threads=1)
+                 certify_prompts=1, batches=(1, 3, 8), threads=1)
     out = run(cfg)
     layer = out["layers"]["2"]
     learned, exhaustive = layer["policies"]["learned"], layer["policies"]["exhaustive"]
@@ -22,6 +22,9 @@ def test_bench_invert_reports_every_policy_on_the_same_prompts():
     assert learned["candidates_scored_per_position"] > learned["candidates_verified_per_position"]
     assert set(learned["amortised_seconds_per_prompt"]) == {"1", "100", "10000"}
     assert layer["certify"]["learned top:8"]["prompts"] == 2 and layer["eps_headroom"] > 1
+    # lock-step: B = 1 and 3 (one batch of 3, the 4th prompt left out); B = 8 > 4 prompts is not run
+    assert [(e["batch"], e["batches"], e["prompts"], e["exact"]) for e in learned["lock_step"]] == [(1, 4, 4, 4), (3, 1, 3, 3)]
+    assert all(e["ratio_to_batched_forward_median"] > 0 for e in learned["lock_step"])
 
 
 def test_bench_invert_fast_calibration_is_the_fast_one(tmp_path, monkeypatch):

@@ -3,10 +3,12 @@
 States are always captured by one ordinary full forward pass (LayerTap.states on the whole prompt),
 never by the incremental path the inversion itself uses.
 """
+import time
+
 import pytest
 import torch
 
-from sipit.invert import GradientConfig, InversionError, InvertConfig, invert, run
+from sipit.invert import GradientConfig, InversionError, InvertConfig, SipIt, invert, run
 from sipit.invert.baselines import HardPromptsConfig
 from sipit.invert.policies import Exhaustive
 from sipit.invert.verify import DuplicateClasses
@@ -88,6 +90,36 @@ def test_search_and_lookahead_after_mismatches(lm):
     assert [q.via for q in p.positions] == ["speculation"] + ["lookahead"] * (len(ids[0]) - 1)
     assert [q.tried > 1 for q in p.positions] == [t % 3 == 1 for t in range(len(ids[0]))]
     assert all(q.token == int(v) for q, v in zip(p.positions, ids[0]))
+
+
+@pytest.mark.parametrize("policy", ["learned", "exhaustive", WrongGuesses])
+def test_lock_step_batch_gives_what_each_prompt_gets_alone(lm, policy):
+    """Prompts of different lengths and kinds (speculated, searched after planted misses, exhaustive
+    searches) inverted together: the same ids, statuses, positions and costs as one at a time, in
+    fewer forward passes than the prompts take alone."""
+    texts = TEXT + ["Hello, world! How are you?"]
+    ids, states = capture(lm, texts, 2)
+    g = torch.Generator().manual_seed(3)
+    prompts = [states[0], states[1, :7], states[2, :10],
+               LayerTap(lm, 2).states(torch.randint(0, lm.vocab_size, (9,), generator=g))]
+    WrongGuesses.truth = ids[0]
+    engine = SipIt(lm, 2, InvertConfig(policy=policy, batch_size=64, **FAST), eps=1e-4)
+    if policy is WrongGuesses:  # its planted guesses fit the first prompt only
+        prompts = [prompts[0]] * 3
+    calls = []
+    many = engine.tap.extend_many
+    engine.tap.extend_many = lambda *a: calls.append(1) or many(*a)
+    t0 = time.perf_counter()
+    together = engine.invert_prompts(prompts)
+    wall = time.perf_counter() - t0
+    rounds = len(calls)  # one extend_many call per lock-step round
+    assert all(r.seconds > 0 for r in together) and sum(r.seconds for r in together) <= wall  # each its own share
+    alone = [engine.invert_prompt(p) for p in prompts]
+    for a, b in zip(together, alone):
+        assert a.status == b.status == "ok" and a.ids == b.ids
+        assert [(q.token, q.via, q.tried) for q in a.positions] == [(q.token, q.via, q.tried) for q in b.positions]
+        assert (a.forward_tokens, a.tap_calls) == (b.forward_tokens, b.tap_calls)
+    assert rounds == max(r.tap_calls for r in alone) < sum(r.tap_calls for r in alone)
 
 
 def test_float16_states_and_batch_list(lm):

@@ -16,7 +16,10 @@ Reported per policy: candidates *verified* by a forward pass (the paper's metric
 *scored* (the learned policy scores the whole vocabulary at every position; the gradient policy
 ranks the whole vocabulary at every snap), one-time calibration seconds and the amortised cost per
 prompt (calibration ÷ N + inversion, N = 1, 100, 10,000), the share of certified positions, ε and
-its headroom, and the cost of `certify` modes (extra seconds per prompt). Prints JSON.
+its headroom, and the cost of `certify` modes (extra seconds per prompt). The learned policy also
+inverts the prompts B at a time in lock-step (`lock_step`, `--batches`): seconds per batch ÷ one
+batched forward pass of the same B prompts, the throughput a file of many captured prompts gets.
+Prints JSON.
 """
 from __future__ import annotations
 
@@ -81,11 +84,12 @@ def leaked(prompt_ids: list[list[int]], calib: torch.Tensor) -> int:
 
 
 def _forward_seconds(tap, ids, repeats=3) -> float:
+    """Median seconds of one forward pass of ids [T] (or a batch [B, T]) up to the tap's layer."""
     times = []
     for _ in range(repeats):
         sync(ids.device)
         t = time.perf_counter()
-        tap.states(ids[None])
+        tap.states(ids if ids.dim() == 2 else ids[None])
         sync(ids.device)  # CUDA kernels run asynchronously: time until they are done
         times.append(time.perf_counter() - t)
     return statistics.median(times)
@@ -105,6 +109,7 @@ class Config:
     certify: tuple[str, ...] = ("top:256",)  # certify modes timed with the fast policies
     certify_prompts: int | None = None  # ... on this many prompts per kind (None: all)
     certify_full_prompts: int = 0  # also time certify="full" on this many prompts (minutes each on SmolLM2)
+    batches: tuple[int, ...] = (1, 8, 32)  # learned policy: prompts inverted in lock-step, B at a time
     threads: int = 2
     device: str = "cpu"
     precision: str = "fp32"
@@ -148,6 +153,39 @@ def _invert_all(engine, tap, ids, states, T, cfg, tag):
             print(f"{tag} {i} {r.status} exact={r.exact} {r.seconds:.2f}s fwd={fwd[-1]:.3f}s "
                   f"tried={sum(q.tried for q in r.positions)}", flush=True)
     return fwd, res
+
+
+def interleaved(data) -> list[int]:
+    """Indices of `data` [(kind, ids)] taking one prompt of each kind in turn (batches mix the kinds)."""
+    rank: dict = {}
+    keyed = []
+    for i, (kind, _) in enumerate(data):
+        rank[kind] = rank.get(kind, 0) + 1
+        keyed.append((rank[kind], i))
+    return [i for _, i in sorted(keyed)]
+
+
+def _batch_entry(engine, tap, ids, states, data, B: int) -> dict:
+    """Prompts inverted B at a time in lock-step: seconds of each batch ÷ one batched forward pass of
+    the same B prompts to the layer (median of 3, timed right before). Prompts interleaved by kind,
+    cut into batches of B (a remainder smaller than B is left out)."""
+    order = interleaved(data)
+    batches = [order[i:i + B] for i in range(0, len(order) - B + 1, B)]
+    ratios, seconds, fwd, res = [], [], [], []
+    for sel in batches:
+        fwd.append(_forward_seconds(tap, ids[sel]))
+        sync(ids.device)
+        t = time.perf_counter()
+        res += engine.invert_prompts([states[i] for i in sel], [ids[i].tolist() for i in sel])
+        sync(ids.device)
+        seconds.append(time.perf_counter() - t)
+        ratios.append(seconds[-1] / fwd[-1])
+    return dict(batch=B, batches=len(batches), prompts=len(res), exact=sum(bool(r.exact) for r in res),
+                ok=sum(r.status == "ok" for r in res), seconds_per_batch_median=round(statistics.median(seconds), 4),
+                forward_seconds_per_batch_median=round(statistics.median(fwd), 4),
+                ratio_to_batched_forward_median=round(statistics.median(ratios), 3),
+                ratio_to_batched_forward=[round(r, 3) for r in ratios],
+                tap_calls_per_prompt=round(statistics.mean(r.tap_calls for r in res), 3))
 
 
 def _policy_entry(name, engine, fwd, res, T, cfg, data, V) -> dict:
@@ -220,6 +258,8 @@ def run(cfg: Config) -> dict:
                     name, engine, [fwd[i] for i in slow], [res[i] for i in slow], T, cfg, [data[i] for i in slow],
                     V).items() if k in ("prompts", "exact", "seconds_per_prompt_median", "ratio_to_forward",
                                         "candidates_verified_per_position", "vocab_verified_pct")}
+            if fast and cfg.batches:
+                e["lock_step"] = [_batch_entry(engine, tap, ids, states, data, B) for B in cfg.batches if B <= len(data)]
             worst = max(worst, e["max_accepted_distance"] or 0.0)
             for mode in [*cfg.certify, *(["full"] if cfg.certify_full_prompts else [])] if fast else []:
                 sub = first_of_each_kind(data, cfg.certify_prompts) if mode != "full" else \
@@ -258,6 +298,8 @@ def main(argv=None):
     p.add_argument("--certify-prompts", type=int, default=d.certify_prompts,
                    help="certify modes run on this many prompts of each kind (default: all)")
     p.add_argument("--certify-full-prompts", type=int, default=d.certify_full_prompts)
+    p.add_argument("--batches", default=",".join(map(str, d.batches)),
+                   help="learned policy: also invert the prompts B at a time in lock-step, for each B (empty: skip)")
     p.add_argument("--final-norm", action="store_true")
     add_calibration_option(p)
     p.add_argument("--threads", type=int, default=d.threads)
@@ -270,7 +312,7 @@ def main(argv=None):
                  policies=tuple(a.policies.split(",")), kinds=tuple(a.kinds.split(",")), prompts=a.prompts,
                  length=a.length, slow_positions=a.slow_positions, slow_prompts=a.slow_prompts, slow_max_seconds=a.slow_max_seconds,
                  certify=tuple(x for x in a.certify.split(",") if x), certify_prompts=a.certify_prompts,
-                 certify_full_prompts=a.certify_full_prompts,
+                 certify_full_prompts=a.certify_full_prompts, batches=tuple(int(x) for x in a.batches.split(",") if x),
                  threads=a.threads, device=a.device, precision=a.precision, seed=a.seed, final_norm=a.final_norm,
                  calibration=a.calibration, progress=a.progress)
     print(json.dumps(run(cfg), indent=2))

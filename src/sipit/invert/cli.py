@@ -87,8 +87,10 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
             logging.basicConfig(level=logging.INFO, format="%(message)s")
         config = HardPromptsConfig(steps=args.steps, eps=args.eps, observation_error=error, certify=args.certify)
     else:
+        if args.batch_prompts < 1:
+            raise SipitError(f"--batch-prompts must be at least 1, got {args.batch_prompts}")
         config = InvertConfig(batch_size=args.batch_size, eps=args.eps, observation_error=error, certify=args.certify,
-                              learned=calibration_config(args.calibration))
+                              learned=calibration_config(args.calibration), batch_prompts=args.batch_prompts)
     with open(path, "rb") as f:
         key = hashlib.file_digest(f, "sha256")
     key.update(repr((lm.fingerprint, tap.key, args.policy, config, args.noise, args.seed, args.max_seconds)).encode())
@@ -264,8 +266,11 @@ def add_invert_parser(sub) -> None:
                         "bruteforce and hardprompts are the paper's baselines")
     add_calibration_option(s)
     s.add_argument("--batch-size", type=int, default=256, help="candidates per forward pass")
+    s.add_argument("--batch-prompts", type=int, default=32,
+                   help="prompts inverted together in lock-step, one forward pass serving them all (1: one at a time)")
     s.add_argument("--max-seconds", type=float, default=None,
-                   help="wall-clock cap per prompt (a capped prompt is reported failed with what it finished)")
+                   help="cap on each prompt's seconds (in a lock-step batch: its share of the shared passes plus its "
+                        "own work); a capped prompt is reported failed with what it finished")
     s.add_argument("--steps", type=int, default=None,
                    help="hardprompts: optimisation steps per prompt (default: the paper's T*|V|/4, see --max-seconds)")
     s.add_argument("--eps", type=float, default=None,

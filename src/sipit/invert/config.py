@@ -37,6 +37,10 @@ class InvertConfig:
     first_batch: int = 16  # then candidate batches of 16, 64, 256, ... up to batch_size
     max_candidates: int | None = None  # per position; None: the whole vocabulary before failing
     max_seconds: float | None = None  # per prompt wall-clock cap; a capped prompt ends "failed" (message says so)
+    # lock-step (sipit.py): prompts inverted together, each on its own clock, and new tokens per shared
+    # pass. They change speed, not results: repr=False keeps them out of result keys (invert/cli.py)
+    batch_prompts: int = field(default=32, repr=False)
+    pass_tokens: int = field(default=1024, repr=False)
     seed: int = 0  # random policy
     gradient: GradientConfig = field(default_factory=GradientConfig)
     calibration_tokens: int = 49_152  # learned policy: text + random-id tokens to fit on (one-time)

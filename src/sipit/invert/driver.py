@@ -116,10 +116,16 @@ def run(method, lm: LM | str, states, layer: int, config=None, *, final_norm: bo
                              vocab_size=tap.lm.vocab_size, tolerance=tol.to_json(), tap=tap.key,
                              certify=getattr(getattr(engine, "config", None), "certify", "none"))
     t0 = time.perf_counter()
-    bar = tqdm(prompts, desc=f"{engine.name} {tap.key}", unit="prompt", disable=not progress)
-    for i, s in enumerate(bar):
-        result.prompts.append(engine.invert_prompt(s, true_ids[i] if true_ids is not None else None))
+    # SipIt inverts a batch of prompts in lock-step (one forward pass serves them all); others one by one
+    size = max(1, getattr(config, "batch_prompts", 1)) if hasattr(engine, "invert_prompts") else 1
+    bar = tqdm(total=len(prompts), desc=f"{engine.name} {tap.key}", unit="prompt", disable=not progress)
+    for s in range(0, len(prompts), size):
+        ids = true_ids[s:s + size] if true_ids is not None else [None] * len(prompts[s:s + size])
+        result.prompts += engine.invert_prompts(prompts[s:s + size], ids) if size > 1 else \
+            [engine.invert_prompt(prompts[s], ids[0])]
+        bar.update(len(prompts[s:s + size]))
         bar.set_postfix(failed=sum(p.status == "failed" for p in result.prompts))
+    bar.close()
     result.seconds = time.perf_counter() - t0
     return result
 

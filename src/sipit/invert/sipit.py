@@ -19,11 +19,17 @@ After recovery every accepted position gets its certificate (verify.py): the tok
 collide — near-duplicate embedding rows, tokens a lower bound cannot exclude — are always
 evaluated, and `certify` ("top:K", "full") evaluates more, up to the whole vocabulary.
 
+- **lock-step batches**: `invert_prompts` runs many prompts' loops side by side; each round, one
+  forward pass serves every prompt's next pass (tap.extend_many), so a batch of B prompts costs
+  about as many passes as its slowest prompt, each B times wider.
+
     engine = SipIt(lm, layer=15)                     # or SipIt(tap=some_tap)
     r = engine.invert_prompt(states)                 # states [T, tap.dim] -> PromptResult
+    rs = engine.invert_prompts([s1, s2, s3])         # lock-step, one PromptResult each
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -39,16 +45,35 @@ from .verify import rel_distance
 
 @dataclass
 class _Run:
-    """One prompt's state: its observed states, cost counter, clock and what each position evaluated."""
+    """One prompt's state: its observed states, its own copy of the policy (begun on this prompt),
+    cost counter, clock and what each position evaluated.
+
+    The clock counts this prompt's own seconds: the time its loop runs, plus its share of every
+    forward pass it shares with other prompts (by new tokens). Alone, that is the wall time; in a
+    lock-step batch the prompts' seconds add up to the batch's, and a cap means the same as alone."""
 
     target: Tensor  # [T, dim]
-    t0: float
+    policy: object
     max_seconds: float | None
+    seconds: float = 0.0  # spent before the loop was last resumed
+    resumed: float = 0.0  # perf_counter() when it was
     cost: dict = field(default_factory=lambda: dict(forward_tokens=0, backward_tokens=0, tap_calls=0))
     evaluated: dict = field(default_factory=dict)  # t -> {candidate id: relative distance}
 
+    def elapsed(self) -> float:
+        return self.seconds + time.perf_counter() - self.resumed
+
     def capped(self) -> bool:
-        return self.max_seconds is not None and time.perf_counter() - self.t0 > self.max_seconds
+        return self.max_seconds is not None and self.elapsed() > self.max_seconds
+
+
+@dataclass
+class _Pass:
+    """A forward pass the loop asks its driver for: candidate rows [B, k] appended to a verified
+    prefix. The driver answers with (states [B, k, dim], grown(b, n) -> Prefix)."""
+
+    prefix: object
+    rows: Tensor
 
 
 @dataclass
@@ -78,31 +103,71 @@ class SipIt:
 
     def invert_prompt(self, target: Tensor, true_ids: list[int] | None = None) -> PromptResult:
         """target [T, tap.dim] (observed states) -> PromptResult."""
-        run = _Run(target.to(self.lm.dtype).to(self.lm.device), time.perf_counter(), self.config.max_seconds)
-        T = target.shape[0]
+        return self.invert_prompts([target], [true_ids])[0]
+
+    def invert_prompts(self, targets: list[Tensor], true_ids: list | None = None) -> list[PromptResult]:
+        """Many prompts in lock-step: targets, a list of [T_i, tap.dim] -> one PromptResult each.
+
+        Each prompt runs its own loop (`_steps`) up to its next forward pass; one `tap.extend_many`
+        then serves every prompt's pass together, so B prompts cost about as many passes as the
+        slowest one alone, each pass B times wider. Results are what each prompt gets alone; its
+        seconds (and `max_seconds`) are its own share of the batch (_Run)."""
+        true_ids = true_ids if true_ids is not None else [None] * len(targets)
+        runs = [_Run(target.to(self.lm.dtype).to(self.lm.device), copy.copy(self.policy), self.config.max_seconds)
+                for target in targets]  # a shallow copy of the policy per prompt: calibrations are shared
+        loops = [self._steps(run, ids) for run, ids in zip(runs, true_ids)]
+        results: list = [None] * len(loops)
+        asks = {}  # prompt index -> the _Pass it waits for
+        for i in range(len(loops)):
+            self._resume(i, runs[i], loops[i], None, asks, results)
+        while asks:
+            waiting = list(asks.items())
+            t = time.perf_counter()
+            served = self.tap.extend_many([(p.prefix, p.rows) for _, p in waiting], self.config.pass_tokens)
+            share = (time.perf_counter() - t) / sum(p.rows.numel() for _, p in waiting)
+            for (i, p), answer in zip(waiting, served):
+                runs[i].seconds += share * p.rows.numel()
+                self._resume(i, runs[i], loops[i], answer, asks, results)
+        return results
+
+    @staticmethod
+    def _resume(i, run, loop, answer, asks, results) -> None:
+        """Run prompt i's loop up to its next pass (recorded in asks) or its result, on its clock."""
+        run.resumed = time.perf_counter()
+        try:
+            asks[i] = loop.send(answer)
+        except StopIteration as done:
+            asks.pop(i, None)
+            results[i] = done.value
+        run.seconds += time.perf_counter() - run.resumed
+
+    def _steps(self, run: _Run, true_ids):
+        """One prompt's loop: yields _Pass requests, receives their answers, returns a PromptResult."""
+        policy = run.policy
+        T = run.target.shape[0]
         bad = (~torch.isfinite(run.target).all(-1)).nonzero().flatten().tolist()
         if bad:
             return self._finish(run, [], [], f"non-finite values (NaN/inf) in the states at positions {bad[:10]}",
                                 true_ids)
-        self.policy.begin(run.target, run.cost)
+        policy.begin(run.target, run.cost)
         prefix = self.tap.prefill(torch.zeros(0, dtype=torch.long, device=self.lm.device))
         positions: list[Position] = []
         checked: dict[int, float] = {}  # candidates already evaluated at position t -> distance
         why = ""  # why the prompt failed, if it does
         while prefix.length < T:
             t = prefix.length
-            guess = self.policy.guesses(t, prefix.ids) if self.config.speculate else None
-            bounds = self.policy.lower_bounds(t)
+            guess = policy.guesses(t, prefix.ids) if self.config.speculate else None
+            bounds = policy.lower_bounds(t)
             if guess is not None and bounds is not None and bounds[guess[0]] > self.eps:
                 checked = {int(guess[0]): float(bounds[guess[0]])}  # certified wrong: no pass needed
             if guess is not None and int(guess[0]) not in checked:
-                prefix, accepted, miss = self._speculate(run, prefix, guess)
+                prefix, accepted, miss = yield from self._speculate(run, prefix, guess)
                 positions += accepted
                 if prefix.length == T:
                     break
                 guess = guess[len(accepted):]
                 checked = {int(guess[0]): miss}
-            found = self._search(run, prefix, checked, guess[1:] if guess is not None else None)
+            found = yield from self._search(run, prefix, checked, guess[1:] if guess is not None else None)
             prefix, checked = found.prefix, found.next_checked
             positions += found.positions
             if positions[-1].token is None:
@@ -113,33 +178,33 @@ class SipIt:
                        "wrong model, layer, norm setting, or not a state of a token sequence?")
                 break
         # the verified positions (all, or those before a failure) get their certificates
-        self.certifier.certify(run.target, prefix.ids, positions, run.evaluated, run.cost, self.policy)
+        self.certifier.certify(run.target, prefix.ids, positions, run.evaluated, run.cost, policy)
         return self._finish(run, prefix.ids.tolist(), positions, why, true_ids)
 
     def _finish(self, run: _Run, ids, positions, message, true_ids) -> PromptResult:
         status, message = judge(positions, self.eps, message)
         return PromptResult(ids=ids, text=self.lm.decode(ids) if ids else "", status=status, positions=positions,
-                            seconds=time.perf_counter() - run.t0, length=run.target.shape[0], message=message,
+                            seconds=run.elapsed(), length=run.target.shape[0], message=message,
                             true_ids=list(true_ids) if true_ids is not None else None, **run.cost).check()
 
     # -- the two kinds of forward pass ---------------------------------------------------------
 
     def _extend(self, run: _Run, prefix, rows: Tensor):
-        """rows [B, k] -> states [B, k, dim] and grown(b, n) -> Prefix."""
+        """rows [B, k] -> (states [B, k, dim], grown(b, n) -> Prefix), from the driver (a generator step)."""
         run.cost["forward_tokens"] += rows.numel()
         run.cost["tap_calls"] += 1
-        return self.tap.extend(prefix, rows.to(self.lm.device), keep=True)
+        return (yield _Pass(prefix, rows))
 
     def _speculate(self, run: _Run, prefix, guess: Tensor):
         """Verify guessed ids [k] for positions t.. in one pass; accept the leading matches.
 
         -> (grown prefix, accepted positions, distance of the first wrong guess (nan if none))."""
         t = prefix.length
-        h, grown = self._extend(run, prefix, guess[None])
+        h, grown = yield from self._extend(run, prefix, guess[None])
         d = rel_distance(h[0], run.target[t:t + len(guess)]).cpu()
         n = int((d <= self.eps).long().cumprod(0).sum())
         if n < len(d):  # the first wrong guess was computed on a verified prefix: tell the policy
-            self.policy.observe(t + n, guess[n:n + 1], h[0, n:n + 1])
+            run.policy.observe(t + n, guess[n:n + 1], h[0, n:n + 1])
         accepted = [Position(int(v), float(dv), None, 0, tried=1, via="speculation")
                     for v, dv in zip(guess[:n], d[:n])]
         return grown(0, n), accepted, float(d[n]) if n < len(d) else float("nan")
@@ -151,10 +216,10 @@ class SipIt:
         t, V, cfg = prefix.length, self.lm.vocab_size, self.config
         seen = torch.zeros(V, dtype=torch.bool)
         seen[list(checked)] = True
-        bounds = self.policy.lower_bounds(t)
+        bounds = run.policy.lower_bounds(t)
         if bounds is not None:
             seen |= bounds.cpu() > self.eps  # certified: these cannot pass
-        queue = Queue(self.policy.candidates(t, prefix), seen)
+        queue = Queue(run.policy.candidates(t, prefix), seen)
         evaluated = run.evaluated[t] = dict(checked)
         limit = cfg.max_candidates or V
         lookahead = continuation is not None and len(continuation) > 0 and cfg.lookahead_tokens > 0
@@ -169,8 +234,8 @@ class SipIt:
                 break
             rows = torch.cat([batch[:, None], continuation.cpu().expand(len(batch), -1)], 1) if lookahead \
                 else batch[:, None]
-            h, grown = self._extend(run, prefix, rows)
-            self.policy.observe(t, batch, h[:, 0])
+            h, grown = yield from self._extend(run, prefix, rows)
+            run.policy.observe(t, batch, h[:, 0])
             d = rel_distance(h, run.target[t:t + rows.shape[1]]).cpu()  # [B, k]
             evaluated.update(zip(batch.tolist(), d[:, 0].tolist()))
             passing = (d[:, 0] <= self.eps).nonzero().flatten()
@@ -185,7 +250,7 @@ class SipIt:
                               for v, dv in zip(continuation[:n - 1], d[b, 1:n])]
                     if n - 1 < len(continuation):
                         nxt = {int(continuation[n - 1]): float(d[b, n])}
-                        self.policy.observe(t + n, continuation[n - 1:n], h[b, n:n + 1])
+                        run.policy.observe(t + n, continuation[n - 1:n], h[b, n:n + 1])
                 return _Search(grown(b, n), found, nxt)
             lookahead = False
         best = min(evaluated.values(), default=float("inf"))

@@ -29,11 +29,13 @@ def _block_output(out) -> Tensor:
 
 
 def run_layers(lm: LM, layers: list[int], *, ids: Tensor | None = None, embeds: Tensor | None = None,
-               cache=None, position_ids: Tensor | None = None, final_norm: bool = False) -> list[Tensor]:
+               cache=None, position_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+               final_norm: bool = False) -> list[Tensor]:
     """States at each of `layers` (normalised indices) for ids [B, T] or embeds [B, T, d].
 
     Runs blocks 0..max(layers)-1 only. With `cache` (a transformers Cache), the new tokens attend to
-    it and it is updated in place for the blocks that run. Returns one [B, T, d] tensor per layer.
+    it and it is updated in place for the blocks that run; attention_mask [B, cached + T] (1 = attend)
+    hides padding in a batched cache. Returns one [B, T, d] tensor per layer.
     """
     wanted = sorted(set(layers))
     top = wanted[-1]
@@ -58,7 +60,7 @@ def run_layers(lm: LM, layers: list[int], *, ids: Tensor | None = None, embeds: 
             handles.append(lm.blocks[layer - 1].register_forward_hook(block_output(layer), with_kwargs=True))
     try:
         lm.base(input_ids=ids, inputs_embeds=embeds, past_key_values=cache, use_cache=cache is not None,
-                position_ids=position_ids)
+                position_ids=position_ids, attention_mask=attention_mask)
     except _Stop:
         pass
     finally:
@@ -109,8 +111,9 @@ def _expand(cache, batch: int):
     return new
 
 
-def _select(cache, b: int, t: int):
-    """A new cache holding row b of a batched cache, first t positions (copies, so views die)."""
+def _select(cache, b: int, t: int, start: int | None = None, n: int = 0):
+    """A new cache holding row b of a batched cache: its first t positions, then (a padded cache,
+    extend_many) the n positions from `start` on. Copies, so views die."""
     new = copy.copy(cache)
     new.layers = []
     for layer in cache.layers:
@@ -118,10 +121,39 @@ def _select(cache, b: int, t: int):
         if getattr(layer, "is_initialized", False):
             if getattr(layer, "is_sliding", False) and layer.cumulative_length > layer.keys.shape[-2]:
                 raise ValueError("cannot select from a sliding-window cache past its window; prefill again")
-            layer.keys = layer.keys[b:b + 1, :, :t].clone()
-            layer.values = layer.values[b:b + 1, :, :t].clone()
+            for name in ("keys", "values"):
+                x = getattr(layer, name)
+                kept = x[b:b + 1, :, :t].clone()
+                if n:
+                    kept = torch.cat([kept, x[b:b + 1, :, start:start + n]], 2)
+                setattr(layer, name, kept)
             if hasattr(layer, "cumulative_length"):
-                layer.cumulative_length = t
+                layer.cumulative_length = t + n
+        new.layers.append(layer)
+    return new
+
+
+def _padded(caches: list, rows: list[int], length: int):
+    """One cache of sum(rows) rows from batch-1 caches of different lengths: request i's cache
+    repeated rows[i] times, right-padded with zeros to `length` positions (None: an empty prefix)."""
+    template = next(c for c in caches if c is not None)
+    new = copy.copy(template)
+    new.layers = []
+    for j, layer in enumerate(template.layers):
+        layer = copy.copy(layer)
+        if getattr(layer, "is_initialized", False):
+            for name in ("keys", "values"):
+                x = getattr(layer, name)  # [1, H, t, hd]
+                out = x.new_zeros(sum(rows), x.shape[1], length, x.shape[3])
+                r = 0
+                for c, n in zip(caches, rows):
+                    if c is not None:
+                        y = getattr(c.layers[j], name)
+                        out[r:r + n, :, :y.shape[2]] = y
+                    r += n
+                setattr(layer, name, out)
+            if hasattr(layer, "cumulative_length"):
+                layer.cumulative_length = length
         new.layers.append(layer)
     return new
 
@@ -220,6 +252,78 @@ class LayerTap:
             new_ids = torch.cat([prefix.ids, ids[b, :n]])
             return Prefix(new_ids, _select(cache, b, len(new_ids)) if cache is not None and len(new_ids) else None)
         return states, grown
+
+    @torch.no_grad()
+    def extend_many(self, requests: list[tuple[Prefix, Tensor]], max_tokens: int = 1024) -> list[tuple[Tensor, object]]:
+        """Many `extend(prefix, rows, keep=True)` calls served by few forward passes: what inverting
+        many prompts in lock-step needs (their prefixes differ in content and length).
+
+        requests: (prefix, rows [B_i, k_i]). A pass pads every row to its longest k, so requests are
+        packed longest first and a pass takes only rows at least half as long as its first (padding
+        at most doubles its work) and at most `max_tokens` padded tokens (a larger request runs alone,
+        on views of its cache). Within a pass every prefix cache is right-padded to the longest, the
+        padding masked out, and the new tokens of request i get positions t_i, t_i + 1, ...
+        -> per request (states [B_i, k_i, dim], grown(b, n) -> Prefix)."""
+        window = self._sliding_window()
+        groups: dict = {}
+        for i, (prefix, rows) in enumerate(requests):
+            slides = window is not None and prefix.length + rows.shape[1] >= window - 1
+            groups.setdefault(prefix.length if slides else None, []).append(i)  # padding would shift its window
+        out: list = [None] * len(requests)
+        for members in groups.values():
+            parts: list[list[int]] = []
+            for i in sorted(members, key=lambda i: -requests[i][1].shape[1]):
+                n, k = requests[i][1].shape
+                if parts:
+                    K = requests[parts[-1][0]][1].shape[1]
+                    rows = sum(requests[j][1].shape[0] for j in parts[-1])
+                    if 2 * k >= K and (rows + n) * K <= max_tokens:
+                        parts[-1].append(i)
+                        continue
+                parts.append([i])
+            for part in parts:
+                if len(part) == 1:
+                    out[part[0]] = self.extend(*requests[part[0]], keep=True)
+                else:
+                    for i, r in zip(part, self._extend_padded([requests[i] for i in part])):
+                        out[i] = r
+        return out
+
+    def _sliding_window(self) -> int | None:
+        """The attention window of the model's sliding layers, if it has any (None: no window)."""
+        return getattr(self.lm.model.config, "sliding_window", None) or None
+
+    def _extend_padded(self, requests: list[tuple[Prefix, Tensor]]) -> list[tuple[Tensor, object]]:
+        dev = self.lm.device
+        sizes = [rows.shape[0] for _, rows in requests]
+        lengths = [prefix.length for prefix, _ in requests]
+        P, K = max(lengths), max(rows.shape[1] for _, rows in requests)
+        ids = torch.cat([torch.nn.functional.pad(rows.to(dev), (0, K - rows.shape[1])) for _, rows in requests])
+        positions = torch.cat([torch.arange(t, t + K, device=dev).expand(n, K) for t, n in zip(lengths, sizes)])
+        cache = mask = None
+        if self.layer > 0:
+            from transformers import DynamicCache
+
+            if P > 0:
+                cache = _padded([prefix.cache for prefix, _ in requests], sizes, P)
+                mask = torch.ones(len(ids), P + K, dtype=torch.long, device=dev)
+                r = 0
+                for t, n in zip(lengths, sizes):
+                    mask[r:r + n, t:P] = 0
+                    r += n
+            else:
+                cache = DynamicCache(config=self.lm.model.config)
+        states = self._run(ids=ids, cache=cache, position_ids=positions, attention_mask=mask)
+        results, r = [], 0
+        for (prefix, rows), t, n in zip(requests, lengths, sizes):
+            def grown(b: int, m: int, prefix=prefix, rows=rows, t=t, r=r) -> Prefix:
+                new_ids = torch.cat([prefix.ids, rows[b, :m].to(dev)])
+                if cache is None or len(new_ids) == 0:
+                    return Prefix(new_ids, None)
+                return Prefix(new_ids, _select(cache, r + b, t, P, m))
+            results.append((states[r:r + n, :rows.shape[1]], grown))
+            r += n
+        return results
 
     @torch.no_grad()
     def extend_layers(self, prefix: Prefix, ids: Tensor, layers: list[int]) -> list[Tensor]:

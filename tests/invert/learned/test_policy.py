@@ -20,6 +20,7 @@ def test_fast_calibration_inverts_as_the_default_does(lm, cache, last):
     for name, learned in (("full", FAST), ("fast", SAMPLED)):
         engine = SipIt(lm, layer, InvertConfig(learned=learned))
         results[name] = [engine.invert_prompt(h, p.tolist()) for h, p in zip(states, prompts)]
+        engine.policy.begin(states[0], dict(forward_tokens=0, backward_tokens=0, tap_calls=0))
         assert (engine.policy.lower_bounds(0) is None) == (name == "fast")
         assert engine.policy.lower_bounds(1) is None
     assert all(r.exact for rs in results.values() for r in rs)
