@@ -51,7 +51,8 @@ def main() -> None:
     t0 = time.perf_counter()
     fitted = calibrate_cached_taps(lm, taps, fast)
     calibration_seconds = time.perf_counter() - t0
-    out = dict(model=lm.name, fingerprint=lm.fingerprint, per_kind=args.per_kind, length=args.length,
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = dict(model=lm.name, commit=commit, fingerprint=lm.fingerprint, per_kind=args.per_kind, length=args.length,
                threads=args.threads, model_load_seconds=round(load_seconds, 1),
                forward_seconds_all_prompts_all_layers=round(forward_seconds, 3),
                calibration="fast", calibration_seconds_one_pass=round(calibration_seconds, 1),
@@ -68,15 +69,14 @@ def main() -> None:
             by_source={s: dict(exact=sum(bool(q.exact) for q in qs), prompts=len(qs),
                                seconds_median=round(statistics.median(q.seconds for q in qs), 3),
                                statuses=[q.status for q in qs]) for s, qs in by_source.items()},
-            prompts=[dict(source=kind, exact=bool(q.exact), status=q.status, seconds=round(q.seconds, 3),
+            prompts=[dict(source=kind, exact=bool(q.exact), status=q.status, message=q.message, seconds=round(q.seconds, 3),
                           text=q.text) for (kind, _), q in zip(prompts, res.prompts)])
         s = res.summary()
         print(f"{tap.key}: {sum(bool(q.exact) for q in res.prompts)}/{len(prompts)} exact, ok {s['ok']} ambiguous "
               f"{s['ambiguous']} failed {s['failed']}, median {s['seconds_per_prompt_median']} s/prompt, "
               f"{s['candidates_per_position']} candidates/position", flush=True)
-    out["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out["load_average"] = dict(start=[round(x, 2) for x in load0], end=[round(x, 2) for x in os.getloadavg()])
-    write_json(args.output, out)
+        out["load_average"] = dict(start=[round(x, 2) for x in load0], end=[round(x, 2) for x in os.getloadavg()])
+        write_json(args.output, out)  # after every layer: a stopped run keeps the layers it finished
 
 
 if __name__ == "__main__":
