@@ -131,7 +131,7 @@ class LinearRanker:
         different one (no anchors, prior flipped). On text (prior on), from the third batch on —
         the main ranker has missed its first ones — a quarter of the main share goes to the LM's
         own next-token ranking alone: the linear model can misplace a token the LM predicts
-        (Qwen2.5-Coder-1.5B, last layer, fast calibration: a code token ranked 29,048th by the main
+        (Qwen2.5-Coder-1.5B, last layer, fast calibration: a code token ranked 29,049th by the main
         scores was the LM's 7th). sizes: batch sizes, the last one repeated."""
         V = self.cal.P.shape[0]
         given = torch.zeros(V, dtype=torch.bool, device=self.cal.P.device)
