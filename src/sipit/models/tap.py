@@ -294,6 +294,8 @@ class LayerTap:
         return getattr(self.lm.model.config, "sliding_window", None) or None
 
     def _extend_padded(self, requests: list[tuple[Prefix, Tensor]]) -> list[tuple[Tensor, object]]:
+        """One forward pass for several requests (extend_many): caches padded to the longest prefix P
+        and masked, rows padded to the longest K. -> per request (states [B_i, k_i, dim], grown)."""
         dev = self.lm.device
         sizes = [rows.shape[0] for _, rows in requests]
         lengths = [prefix.length for prefix, _ in requests]
