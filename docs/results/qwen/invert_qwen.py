@@ -7,6 +7,7 @@ with final_norm). The learned policy is calibrated with `--calibration fast` (a 
 is 151,936 tokens through 28 blocks: over an hour on 2 cores), all three taps in one pass.
 
     PYTHONPATH=src python docs/results/qwen/invert_qwen.py -o docs/results/qwen/invert.json
+    PYTHONPATH=src python docs/results/qwen/invert_qwen.py --seed 11 -o docs/results/qwen/invert-seed11.json
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def main() -> None:
     ap.add_argument("--layers", default="1,14,28")
     ap.add_argument("--length", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=7, help="prompt sampling seed (7: the committed invert.json)")
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -40,7 +42,7 @@ def main() -> None:
     t0 = time.perf_counter()
     lm = load_model(args.model)
     load_seconds = time.perf_counter() - t0
-    prompts = bench_prompts(lm, ["prose", "code", "random"], args.per_kind, args.length, seed=7)  # [(kind, ids)]
+    prompts = bench_prompts(lm, ["prose", "code", "random"], args.per_kind, args.length, seed=args.seed)  # [(kind, ids)]
     ids = torch.tensor([p for _, p in prompts])
     with torch.no_grad():
         t0 = time.perf_counter()
@@ -52,7 +54,7 @@ def main() -> None:
     fitted = calibrate_cached_taps(lm, taps, fast)
     calibration_seconds = time.perf_counter() - t0
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out = dict(model=lm.name, commit=commit, fingerprint=lm.fingerprint, per_kind=args.per_kind, length=args.length,
+    out = dict(model=lm.name, commit=commit, seed=args.seed, fingerprint=lm.fingerprint, per_kind=args.per_kind, length=args.length,
                threads=args.threads, model_load_seconds=round(load_seconds, 1),
                forward_seconds_all_prompts_all_layers=round(forward_seconds, 3),
                calibration="fast", calibration_seconds_one_pass=round(calibration_seconds, 1),
