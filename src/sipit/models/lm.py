@@ -155,6 +155,14 @@ class LM:
         """Next-token logits [B, T, V] for ids [B, T]; differentiable when grads are enabled."""
         return self.model(input_ids=ids).logits
 
+    @torch.no_grad()
+    def next_token_logprobs(self, ids: Tensor) -> Tensor | None:
+        """log p(· | ids[:i+1]) for every i, as the whole model computes it (soft-capping included):
+        ids [T] -> [T, V] float32; None when only the first blocks were loaded (no LM head to run)."""
+        if self.full_layers is not None:
+            return None
+        return torch.log_softmax(self.logits(ids[None].to(self.device))[0, :, :self.vocab_size].float(), -1)
+
 
 @contextmanager
 def temporary_edit(lm: LM):

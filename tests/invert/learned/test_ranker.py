@@ -47,3 +47,22 @@ def test_guesses_recover_a_text_prompt(lm, ranker):
     ids = torch.tensor(lm.encode("The cat sat on the mat and looked at the dog.")[:12])
     guesses, prior = ranker.guesses(LayerTap(lm, 2).states(ids))
     assert not prior and float((guesses == ids[1:]).float().mean()) >= 0.8
+
+
+def test_the_lm_stream_joins_from_the_third_batch(lm, ranker):
+    """Without a prior the LM's ranking comes from prefix_lm(), asked for once, at the third batch:
+    the token it ranks first is in that batch even when the linear scores rank it last."""
+    ids = torch.tensor(lm.encode("The cat sat on the mat and looked at the dog.")[:6])
+    target = LayerTap(lm, 2).states(ids)
+    last = int(ranker.scores(target, 3, False).argmin())
+    asked = []
+
+    def prefix_lm():
+        asked.append(1)
+        return torch.nn.functional.one_hot(torch.tensor(last), lm.vocab_size).float()
+
+    empty = (torch.zeros(0, dtype=torch.long), target.new_zeros(0, target.shape[1]))
+    batches = list(ranker.ranking(target, 3, False, [4, 8, 16], lambda: empty, prefix_lm))
+    assert last not in torch.cat(batches[:2]).tolist() and last in batches[2].tolist()
+    assert len(asked) == 1
+    assert sorted(torch.cat(batches).tolist()) == list(range(lm.vocab_size))  # every token once

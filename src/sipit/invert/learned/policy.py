@@ -6,6 +6,8 @@ no bounds). A policy only orders candidates; the loop verifies.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..policies import Policy
@@ -45,7 +47,23 @@ class Learned(Policy):
         else:  # (the loop skips ids already tried)
             cfg = self.config
             sizes = [min(cfg.batch_size, cfg.first_batch * 4 ** k) for k in range(8)]
-            yield from self.ranker.ranking(self.target, t, self.prior, sizes, lambda: self._anchors(t))
+            yield from self.ranker.ranking(self.target, t, self.prior, sizes, lambda: self._anchors(t),
+                                           lambda: self._prefix_lm(prefix.ids))
+
+    def _prefix_lm(self, ids):
+        """The LM's next-token log-probs after the verified prefix ids [t] ([V]), or None when the
+        prefix does not read as text: the LM predicts its tokens no better than chance (mean
+        log p ≤ −log V; random ids score far below it). With one token there is nothing to judge
+        yet: used. One forward of the prefix through the whole model, only at positions the
+        ranker's first two batches missed."""
+        logp = self.tap.lm.next_token_logprobs(ids)  # [t, V] or None
+        if logp is None:
+            return None
+        self.cost["forward_tokens"] += len(ids)  # (through every block, not only the tap's)
+        self.cost["tap_calls"] += 1
+        if len(ids) > 1 and float(logp[:-1].gather(1, ids[1:, None].to(logp.device)).mean()) <= -math.log(self.V):
+            return None
+        return logp[-1].to(self.target.device)
 
     def _anchors(self, t):
         seen = self.anchors.get(t, [])

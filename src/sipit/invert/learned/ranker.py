@@ -123,19 +123,23 @@ class LinearRanker:
             s = s + 2 * c.lm_weight * self.lm_scores(target, t)
         return s
 
-    def ranking(self, target: Tensor, t: int, prior: bool, sizes, anchors):
+    def ranking(self, target: Tensor, t: int, prior: bool, sizes, anchors, prefix_lm=lambda: None):
         """Candidate batches for position t ≥ 1, best first, re-ranked before every batch from the
         candidates evaluated so far: anchors() -> (ids [n], states [n, d]), growing as the loop
         observes. A deep layer's ranker has heavy tails that are not always the same ranker's, so
         3/4 of each batch follow the main ranker (anchored, prior as gated) and 1/4 the most
-        different one (no anchors, prior flipped). On text (prior on), from the third batch on —
-        the main ranker has missed its first ones — a quarter of the main share goes to the LM's
-        own next-token ranking alone: the linear model can misplace a token the LM predicts
+        different one (no anchors, prior flipped). On text, from the third batch on — the main
+        ranker has missed its first ones — a quarter of the main share goes to the LM's own
+        next-token ranking alone: the linear model can misplace a token the LM predicts
         (Qwen2.5-Coder-1.5B, last layer, fast calibration: a code token ranked 29,049th by the main
-        scores was the LM's 7th). sizes: batch sizes, the last one repeated."""
+        scores was the LM's 7th). With the prior on, that ranking is read off the observed ĥ_{t−1};
+        otherwise prefix_lm() gives it (the LM run on the verified prefix, for surfaces and layers
+        without a prior), or None where the prefix does not read as text.
+        sizes: batch sizes, the last one repeated."""
         V = self.cal.P.shape[0]
         given = torch.zeros(V, dtype=torch.bool, device=self.cal.P.device)
         other = (not prior) if self.cal.has_prior else False
+        lm = None  # the LM's next-token scores [V], asked for at the third batch
         for k, size in enumerate(itertools.chain(sizes, itertools.repeat(sizes[-1]))):
             left = int((~given).sum())
             if left == 0:
@@ -144,10 +148,12 @@ class LinearRanker:
             seen = anchors()
             main = self.scores(target, t, prior, seen).masked_fill(given, -float("inf"))
             n_alt = size // 4 if (self.cal.has_prior or len(seen[0])) else 0
-            n_lm = size // 4 if prior and k >= 2 else 0
+            if k == 2:
+                lm = self.lm_scores(target, t) if prior else prefix_lm()
+            n_lm = size // 4 if lm is not None else 0
             batch = main.topk(size - n_alt - n_lm).indices
             given[batch] = True
-            for n, scores in ((n_alt, lambda: self.scores(target, t, other)), (n_lm, lambda: self.lm_scores(target, t))):
+            for n, scores in ((n_alt, lambda: self.scores(target, t, other)), (n_lm, lambda: lm)):
                 if n:
                     extra = scores().masked_fill(given, -float("inf")).topk(n).indices
                     given[extra] = True
