@@ -388,3 +388,19 @@ def test_a_near_duplicate_lists_its_whole_class():
     q = Position(a, 0.0, None, 0, tried=1, via="search")
     Certifier(LayerTap(lm, 2), eps=1e-4).certificate(q, {b: 1e-6}, None)
     assert q.also_within_eps == sorted([b, c]) and q.margin_over == 2 and not q.certified
+
+
+
+def test_a_failure_after_a_coarse_position_says_the_prefix_may_be_wrong():
+    """Position 1 matches no token (not a state at all). With ε coarse enough that position 0 has other
+    tokens within ε, the message also names position 0 as possibly wrong (SmolLM2 states stored as
+    int8 at layer 15: 4,096+ tokens within ε at position 0, then no match at 1); with a fine ε it
+    blames only the input."""
+    lm, a, b = plant_near_duplicate(rel=1e-3)  # b's state is within ~1e-3 of a's, not within 1e-4
+    h = LayerTap(lm, 2).states(torch.tensor([a, 9]))
+    target = torch.stack([h[0], -3 * h[1]])
+    for eps, named in ((3e-2, True), (1e-4, False)):
+        p = SipIt(lm, 2, InvertConfig(policy="exhaustive"), eps=eps).invert_prompt(target, [a, 9])
+        assert p.status == "failed" and "no token within eps" in p.message
+        assert ("other tokens were also within eps at positions [0]" in p.message) == named
+        assert (p.positions[0].also_within_eps == [b]) == named

@@ -179,6 +179,11 @@ class SipIt:
                 break
         # the verified positions (all, or those before a failure) get their certificates
         self.certifier.certify(run.target, prefix.ids, positions, run.evaluated, run.cost, policy)
+        near = [s for s, q in enumerate(positions[:-1]) if q.also_within_eps]
+        if why.startswith("no token") and near:  # a wrong but within-ε token earlier explains the failure too
+            why += (f" Or the prefix is not the prompt's: other tokens were also within eps at positions {near}, "
+                    "so the observation does not pin those positions at this eps (too coarse: low-precision "
+                    "storage, noise) and the accepted one may be wrong.")
         return self._finish(run, prefix.ids.tolist(), positions, why, true_ids)
 
     def _finish(self, run: _Run, ids, positions, message, true_ids) -> PromptResult:
