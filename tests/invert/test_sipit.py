@@ -390,7 +390,6 @@ def test_a_near_duplicate_lists_its_whole_class():
     assert q.also_within_eps == sorted([b, c]) and q.margin_over == 2 and not q.certified
 
 
-
 def test_a_failure_after_a_coarse_position_says_the_prefix_may_be_wrong():
     """Position 1 matches no token (not a state at all). With ε coarse enough that position 0 has other
     tokens within ε, the message also names position 0 as possibly wrong (SmolLM2 states stored as

@@ -153,7 +153,7 @@ class SipIt:
         prefix = self.tap.prefill(torch.zeros(0, dtype=torch.long, device=self.lm.device))
         positions: list[Position] = []
         checked: dict[int, float] = {}  # candidates already evaluated at position t -> distance
-        why = ""  # why the prompt failed, if it does
+        why, no_match = "", False  # why the prompt failed, if it does; whether no token was within ε
         while prefix.length < T:
             t = prefix.length
             guess = policy.guesses(t, prefix.ids) if self.config.speculate else None
@@ -172,15 +172,16 @@ class SipIt:
             positions += found.positions
             if positions[-1].token is None:
                 q, t = positions[-1], len(positions) - 1  # the failed position (speculation may have moved past t)
+                no_match = not run.capped()
                 why = (f"time cap of {self.config.max_seconds:g}s reached at position {t} ({q.tried} candidates "
-                       "tried there)" if run.capped() else
+                       "tried there)" if not no_match else
                        f"no token within eps={self.eps:g} at position {t} (best relative distance {q.distance:.3g}); "
                        "wrong model, layer, norm setting, or not a state of a token sequence?")
                 break
         # the verified positions (all, or those before a failure) get their certificates
         self.certifier.certify(run.target, prefix.ids, positions, run.evaluated, run.cost, policy)
         near = [s for s, q in enumerate(positions[:-1]) if q.also_within_eps]
-        if why.startswith("no token") and near:  # a wrong but within-ε token earlier explains the failure too
+        if no_match and near:  # a wrong but within-ε token earlier explains the failure too
             why += (f" Or the prefix is not the prompt's: other tokens were also within eps at positions {near}, "
                     "so the observation does not pin those positions at this eps (too coarse: low-precision "
                     "storage, noise) and the accepted one may be wrong.")

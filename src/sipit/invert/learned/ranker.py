@@ -139,7 +139,7 @@ class LinearRanker:
         V = self.cal.P.shape[0]
         given = torch.zeros(V, dtype=torch.bool, device=self.cal.P.device)
         other = (not prior) if self.cal.has_prior else False
-        lm = None  # the LM's next-token scores [V], asked for at the third batch
+        lm_ranking = None  # the LM's next-token scores [V], asked for at the third batch
         for k, size in enumerate(itertools.chain(sizes, itertools.repeat(sizes[-1]))):
             left = int((~given).sum())
             if left == 0:
@@ -149,11 +149,11 @@ class LinearRanker:
             main = self.scores(target, t, prior, seen).masked_fill(given, -float("inf"))
             n_alt = size // 4 if (self.cal.has_prior or len(seen[0])) else 0
             if k == 2:
-                lm = self.lm_scores(target, t) if prior else prefix_lm()
-            n_lm = size // 4 if lm is not None else 0
+                lm_ranking = self.lm_scores(target, t) if prior else prefix_lm()
+            n_lm = size // 4 if lm_ranking is not None else 0
             batch = main.topk(size - n_alt - n_lm).indices
             given[batch] = True
-            for n, scores in ((n_alt, lambda: self.scores(target, t, other)), (n_lm, lambda: lm)):
+            for n, scores in ((n_alt, lambda: self.scores(target, t, other)), (n_lm, lambda: lm_ranking)):
                 if n:
                     extra = scores().masked_fill(given, -float("inf")).topk(n).indices
                     given[extra] = True
