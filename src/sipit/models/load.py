@@ -20,6 +20,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -159,8 +160,9 @@ def dequantized(path: Path) -> Path:
         if importlib.util.find_spec(mod) is None:
             raise ModelError(f"loading GGUF files needs the `{mod}` package: pip install {mod}")
     try:
-        qmodel = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        with _gguf_read_once():
+            qmodel = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as e:  # transformers raises many kinds here
         raise ModelError(f"cannot read GGUF file {path}: {e}") from e
     # A GGUF-loaded model refuses save_pretrained: copy its weights into a plain model.
@@ -177,6 +179,34 @@ def dequantized(path: Path) -> Path:
     shutil.rmtree(cached, ignore_errors=True)
     tmp.rename(cached)
     return cached
+
+
+@contextmanager
+def _gguf_read_once():
+    """While dequantizing: one `gguf` reader per file and one tensor-name map per (arch, depth).
+
+    transformers parses the GGUF file three times (config, weights, tokenizer: ~5 s each for
+    SmolLM2's 49k-token vocabulary) and rebuilds gguf's tensor-name map for every module (397
+    times, ~7 s): two thirds of a 27 s first load. Both are pure functions of their arguments, and
+    transformers imports them from `gguf` at call time, so memoizing them there changes nothing else."""
+    import functools
+
+    import gguf
+
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict = {}
+
+    def reader(path, mode="r"):
+        key = (str(Path(path).resolve()), mode)
+        if key not in readers:
+            readers[key] = saved[0](path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(saved[1])
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = saved
 
 
 def _check_hf_spec(spec: str):
