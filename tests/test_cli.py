@@ -63,3 +63,13 @@ def test_threads_before_or_after_the_command_and_the_makefile_commands_parse():
     for cmd in commands:
         args, rest = p.parse_known_args(shlex.split(cmd.replace("$(THREADS)", "3")))
         assert args.threads == 3 and "--threads" not in rest, cmd
+
+
+def test_demo_inverts_its_prompt_with_the_calibration_it_names(tmp_path, capsys):
+    assert main(["demo", "--model", "tiny-llama", "--text", "a short demo", "--out", str(tmp_path),
+                 "--threads", "1"]) == 0  # default --calibration fast
+    out = capsys.readouterr().out
+    assert "recovered: 'a short demo'  [ok; exact]" in out and "one-time fast calibration" in out
+    assert (tmp_path / "demo_states.safetensors").exists()
+    assert main(["demo", "--model", "tiny-llama", "--text", "xy", "--out", str(tmp_path), "--calibration", "full"]) == 0
+    assert "one-time full calibration" in capsys.readouterr().out

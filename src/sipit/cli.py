@@ -63,7 +63,8 @@ def cmd_robustness(args):
 
 def cmd_demo(args):
     from .capture import capture
-    from .invert import invert
+    from .invert import InvertConfig, invert
+    from .invert.learned.config import calibration_config
     from .models import DEFAULT_MODEL, load_model
     from .states import load_states, save_states
 
@@ -80,13 +81,13 @@ def cmd_demo(args):
                        final_norm=False, tokenizer=lm.tokenizer_fingerprint, ids=[ids])
     print(f"captured layer {layer} states of {len(ids)} tokens in {forward:.2f}s (one forward pass) -> {path}")
     st = load_states(path)
-    result = invert(lm, st.prompts, layer, progress=True)
+    result = invert(lm, st.prompts, layer, InvertConfig(learned=calibration_config(args.calibration)), progress=True)
     p = result.prompts[0]
     print(f"original : {args.text!r}")
     print(f"recovered: {p.text!r}  [{p.status}; {'exact' if p.ids == ids else 'NOT exact'}]")
     print(f"inversion: {p.seconds:.2f}s ({p.seconds / forward:.1f}x the capture pass), "
           f"{sum(q.tried for q in p.positions)} candidates verified for {len(ids)} positions; "
-          f"one-time calibration {result.summary()['calibration_seconds']}s")
+          f"one-time {args.calibration} calibration {result.summary()['calibration_seconds']}s")
     return 0 if p.ids == ids else 1
 
 
@@ -220,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default=None)
     s.add_argument("--text", default=DEMO_TEXT)
     s.add_argument("--out", default="out", help="directory for the demo's files (default ./out)")
+    from .invert.learned.cli import add_calibration_option
+
+    # fast: a fresh machine's first run calibrates in well under a minute (full: the sharper ranker)
+    add_calibration_option(s, default="fast")
     s.set_defaults(fn=cmd_demo)
 
     def collision_options(s, layers_default, layers_help, batch):
