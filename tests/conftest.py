@@ -16,6 +16,24 @@ def smollm2():
     return load_model("smollm2")
 
 
+@pytest.fixture(scope="session")
+def saved_tiny(tmp_path_factory):
+    """saved_tiny("tiny-llama") -> (the model, a directory holding it as `save_pretrained` writes it):
+    loaded back it goes through the Hugging Face path, which takes max_layer (tiny specs load whole)."""
+    saved = {}
+
+    def save(spec: str):
+        if spec not in saved:
+            lm = load_model(spec)
+            d = tmp_path_factory.mktemp("hf") / spec
+            lm.model.save_pretrained(d)
+            lm.tokenizer.save_pretrained(d)
+            saved[spec] = lm, str(d)
+        return saved[spec]
+
+    return save
+
+
 
 @pytest.fixture(scope="session")
 def capture():

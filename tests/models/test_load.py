@@ -139,13 +139,9 @@ def test_corrupt_gguf(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    """tiny-llama saved as a Hugging Face directory (what `save_pretrained` writes), loaded back offline."""
-    lm = load_model("tiny-llama")
-    d = tmp_path_factory.mktemp("hf") / "tiny-llama"
-    lm.model.save_pretrained(d)
-    lm.tokenizer.save_pretrained(d)
-    return lm, str(d)
+def hf_dir(saved_tiny):
+    """tiny-llama saved as a Hugging Face directory, loaded back offline."""
+    return saved_tiny("tiny-llama")
 
 
 def test_hf_directory_loads_whole_and_truncated(hf_dir):

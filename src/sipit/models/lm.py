@@ -76,40 +76,66 @@ class LM:
         """Where the embedding lives: every tensor an algorithm makes for this model goes here."""
         return self.embed.weight.device
 
-    @cached_property
-    def fingerprint(self) -> str:
-        """Content hash of the weights, tokenizer and precision: the key of every on-disk cache.
+    @property
+    def depth(self) -> int:
+        """The architecture's number of blocks: layer `depth` is the last (the LM head reads it),
+        also when only the first `n_layers` blocks were loaded."""
+        return self.full_layers or self.n_layers
 
-        Never the spec name (one GGUF by name and by path is one model) nor an object id (Python
-        reuses ids). The embedding rows (the candidate set; duplicate classes depend on them bit for
-        bit) are hashed whole; every other tensor by name, shape, dtype, the exact integer sum of its
-        bit patterns and up to 4,096 evenly strided values. (Not a float sum: its rounding depends on
-        the summation order, i.e. on the thread count — Gemma-3 hashed differently at 1 and 2 threads.)
-        `temporary_edit` and `apply_precision` drop the cached value; after any other in-place edit,
-        `del lm.fingerprint`.
+    @property
+    def fingerprint(self) -> str:
+        """Content hash of every loaded tensor, the tokenizer and the precision: what depends on the
+        whole model (a worker's copy of it, an audit run). = `fingerprint_through(n_layers)`, so a
+        load with max_layer < depth has another one; caches per tap use `fingerprint_through`."""
+        return self.fingerprint_through(self.n_layers)
+
+    def fingerprint_through(self, blocks: int) -> str:
+        """Content hash of what a tap running blocks 0..blocks-1 reads: the key of caches per tap.
+
+        Tokenizer, precision, every tensor outside the block list (embedding, learned positions,
+        final norm, LM head: loaded whatever max_layer is) and the tensors of the first `blocks`
+        blocks. Never the spec name (one GGUF by name and by path is one model) nor an object id
+        (Python reuses ids), and never the blocks above: the same weights loaded whole or with
+        max_layer >= blocks give the same string.
         """
-        h = hashlib.sha256()
-        h.update(f"{self.precision}:{self.tokenizer_fingerprint}:{self.n_layers}".encode())
-        h.update(self.embed.weight.detach().float().cpu().contiguous().numpy().tobytes())
-        for name, t in sorted(self.model.state_dict().items()):
-            t = t.detach()
-            flat = t.reshape(-1)
-            step = max(1, flat.numel() // 4096)
-            h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-            if flat.numel() and flat.is_floating_point():
-                bits = flat.contiguous().view(INT_OF_SIZE[flat.element_size()])
-                total = sum(int(chunk.long().sum()) for chunk in bits.split(1 << 22))  # exact, any order
-                h.update(total.to_bytes(16, "little", signed=True))
-                h.update(flat[::step].float().cpu().contiguous().numpy().tobytes())
-        return h.hexdigest()[:16]
+        if not 0 <= blocks <= self.n_layers:
+            raise ModelError(f"{self.name} has {self.n_layers} blocks loaded, not {blocks}")
+        prefix = _state_dict_prefix(self.model, self.blocks)
+        kept = [digest for name, digest in self._tensor_digests.items()
+                if not name.startswith(prefix) or int(name[len(prefix):].split(".")[0]) < blocks]
+        return _combine(f"through {blocks}:{self.precision}:{self.tokenizer_fingerprint}", kept)
+
+    @property
+    def embedding_fingerprint(self) -> str:
+        """Content hash of the embedding rows (and tokenizer, precision): the key of what depends on
+        the candidate set only (duplicate classes, near-duplicate tokens)."""
+        prefix = _state_dict_prefix(self.model, self.embed)
+        kept = [digest for name, digest in self._tensor_digests.items() if name.startswith(prefix)]
+        return _combine(f"embedding:{self.precision}:{self.tokenizer_fingerprint}", kept)
+
+    @cached_property
+    def _tensor_digests(self) -> dict[str, bytes]:
+        """{state-dict name: digest} of every tensor, sorted by name; hashed once, shared by every
+        fingerprint (an 8B model has hundreds of tensors).
+
+        The embedding rows (the candidate set; duplicate classes depend on them bit for bit) are
+        hashed whole; every other tensor by name, shape, dtype, the exact integer sum of its bit
+        patterns and up to 4,096 evenly strided values. (Not a float sum: its rounding depends on the
+        summation order, i.e. on the thread count — Gemma-3 hashed differently at 1 and 2 threads.)
+        `temporary_edit` and `apply_precision` drop them; after any other in-place edit, call
+        `forget_fingerprint()`.
+        """
+        embedding = _state_dict_prefix(self.model, self.embed)
+        return {name: _tensor_digest(name, t.detach(), whole=name.startswith(embedding))
+                for name, t in sorted(self.model.state_dict().items())}
 
     def forget_fingerprint(self):
-        """Call after editing weights in place: the next `fingerprint` is recomputed."""
-        self.__dict__.pop("fingerprint", None)
+        """Call after editing weights in place: every fingerprint is recomputed from the new weights."""
+        self.__dict__.pop("_tensor_digests", None)
 
     def layer_index(self, layer: int) -> int:
         """Normalise a layer index (negative counts from the end); raise on out of range."""
-        depth = self.full_layers or self.n_layers
+        depth = self.depth
         if not -(depth + 1) <= layer <= depth:
             raise ModelError(
                 f"layer {layer} out of range for {self.name}: valid layers are 0..{depth} "
@@ -180,6 +206,34 @@ def temporary_edit(lm: LM):
     finally:
         lm.model.load_state_dict(saved)
         lm.forget_fingerprint()
+
+
+def _state_dict_prefix(model: nn.Module, module: nn.Module) -> str:
+    """Prefix of `module`'s tensors in model.state_dict(): e.g. "model.layers." for the blocks."""
+    return next(name for name, m in model.named_modules() if m is module) + "."
+
+
+def _tensor_digest(name: str, t: Tensor, whole: bool) -> bytes:
+    """sha256 of name, shape, dtype and the values (all bytes when `whole`, else the exact integer
+    sum of the bit patterns and up to 4,096 strided values; see LM._tensor_digests)."""
+    h = hashlib.sha256(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+    flat = t.reshape(-1)
+    if whole:
+        h.update(flat.contiguous().view(torch.uint8).cpu().numpy())
+    elif flat.numel() and flat.is_floating_point():
+        bits = flat.contiguous().view(INT_OF_SIZE[flat.element_size()])
+        total = sum(int(chunk.long().sum()) for chunk in bits.split(1 << 22))  # exact, any order
+        h.update(total.to_bytes(16, "little", signed=True))
+        h.update(flat[:: max(1, flat.numel() // 4096)].float().cpu().contiguous().numpy().tobytes())
+    return h.digest()
+
+
+def _combine(header: str, digests: list[bytes]) -> str:
+    """One fingerprint (16 hex digits) of a header and per-tensor digests."""
+    h = hashlib.sha256(header.encode())
+    for d in digests:
+        h.update(d)
+    return h.hexdigest()[:16]
 
 
 def _find_blocks(base: nn.Module, config) -> nn.ModuleList:

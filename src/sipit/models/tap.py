@@ -181,8 +181,16 @@ class LayerTap:
 
     @property
     def key(self) -> str:
-        """What this tap observes, for caches keyed by (lm.fingerprint, key): e.g. "L15", "L30n"."""
+        """What this tap observes, for caches keyed by (lm.fingerprint_through(blocks_read), key):
+        e.g. "L15", "L30n"."""
         return f"L{self.layer}" + ("n" if self.final_norm else "")
+
+    @property
+    def blocks_read(self) -> int:
+        """How many blocks (0..blocks_read-1) the observations depend on, besides the tensors outside
+        the block list: the weights part of every per-tap cache key (`lm.fingerprint_through`). The
+        same for KV and projection surfaces (block ℓ's cache is written inside block ℓ-1, 0-based)."""
+        return self.layer
 
     def __repr__(self):
         return f"LayerTap({self.lm.name}, layer={self.layer}, final_norm={self.final_norm})"
