@@ -1,10 +1,11 @@
 """Acceptance threshold, duplicate and near-duplicate tokens, measured recomputation noise."""
 import math
 
+import pytest
 import torch
 
-from sipit.invert import InvertConfig, invert, rel_distance, tolerance
-from sipit.invert.eps import FACTOR, measure_noise, tolerance_for
+from sipit.invert import InvertConfig, eps, invert, rel_distance, tolerance, verify
+from sipit.invert.eps import FACTOR, measure_noise, noise_profile, tolerance_for
 from sipit.invert.verify import DuplicateClasses, duplicate_classes, near_duplicates, near_neighbours
 from sipit.models import LayerTap, load_model, tiny_model
 
@@ -40,6 +41,20 @@ def test_caches_are_keyed_by_the_weights_fingerprint():
     assert duplicate_classes(a).members(y) == [y] and duplicate_classes(b).members(y) == [x, y]
     assert duplicate_classes(tiny_model("llama")) is duplicate_classes(a)  # same content, same classes
     assert near_duplicates(b).get(y) is None  # identical rows are a class, not near neighbours
+
+
+def test_a_load_with_max_layer_finds_the_whole_models_noise_and_near_duplicates(saved_tiny, tmp_path, monkeypatch):
+    """ε's noise is keyed by the blocks the tap reads, near-duplicate tokens by the embedding alone: a load
+    of blocks 1..2 reads both from the files the whole model wrote (a fresh process: no memo)."""
+    monkeypatch.setenv("SIPIT_CACHE", str(tmp_path))
+    d = saved_tiny("tiny-llama")[1]
+    whole, cut = load_model(d), load_model(d, max_layer=2)
+    noise, near = noise_profile(LayerTap(whole, 2), batch_size=64), near_duplicates(whole)
+    monkeypatch.setattr(eps, "_MEMO", {})
+    monkeypatch.setattr(verify, "_CACHE", {})
+    monkeypatch.setattr(eps, "measure_noise", lambda *a: pytest.fail("noise measured again"))
+    monkeypatch.setattr(verify, "near_neighbours", lambda *a: pytest.fail("near-duplicates searched again"))
+    assert noise_profile(LayerTap(cut, 2), batch_size=64) == noise and near_duplicates(cut) == near
 
 
 def test_measured_noise_per_position_bounds_the_loops_recomputation():

@@ -15,7 +15,8 @@ adds beyond recomputation and is known from how it was made, not measured: a sto
 rounding bound (storage.py), that bound amplified by the least squares from logits back to states
 (models/surfaces.py), or added noise.
 
-Measured once per (weights fingerprint, tap key, dtype, device, batch size) and cached on disk.
+Measured once per (fingerprint of the weights the tap reads, tap key, dtype, device, batch size) and
+cached on disk: a load with max_layer finds what the whole model measured.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from ..io import write_json
 from ..models.load import cache_dir
 from .verify import UNIT_ROUNDOFF, rel_distance, tolerance
 
-VERSION = 2  # of the cached noise profile
+VERSION = 3  # of the cached noise profile (3: keyed by the blocks the tap reads)
 FACTOR = 50.0  # ε = FACTOR × the largest measured noise: headroom for paths and prompts not measured
 #                (SmolLM2 layer 30: position 1 after " proof" showed 3.3e-5 where the calibration measured 4.3e-6)
 HALF_FACTOR = 4.0  # the same for bf16/fp16 models, whose rounding dominates every path alike: random:llama-3.1-8b
@@ -106,16 +107,18 @@ _MEMO: dict[str, list[float]] = {}
 
 
 def noise_profile(tap, batch_size: int = 256) -> list[float]:
-    """measure_noise, cached by (fingerprint, tap key, model dtype, device, batch size) in memory and on disk."""
+    """measure_noise, cached by (fingerprint of the weights the tap reads, tap key, model dtype, device,
+    batch size) in memory and on disk."""
     lm = tap.lm
-    name = f"v{VERSION}-{lm.fingerprint}-{tap.key}-{str(lm.dtype).split('.')[-1]}-{lm.device.type}-b{batch_size}"
+    weights = lm.fingerprint_through(tap.blocks_read)
+    name = f"v{VERSION}-{weights}-{tap.key}-{str(lm.dtype).split('.')[-1]}-{lm.device.type}-b{batch_size}"
     if name not in _MEMO:
         path = cache_dir() / "eps" / f"{name}.json"
         try:
             _MEMO[name] = json.loads(path.read_text())["noise_per_position"]
         except (OSError, ValueError, KeyError):
             _MEMO[name] = measure_noise(tap, batch_size)
-            write_json(path, dict(noise_per_position=_MEMO[name], tap=tap.key, fingerprint=lm.fingerprint))
+            write_json(path, dict(noise_per_position=_MEMO[name], tap=tap.key, fingerprint=weights))
     return _MEMO[name]
 
 

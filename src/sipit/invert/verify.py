@@ -137,18 +137,18 @@ _CACHE: dict[tuple[str, str], object] = {}
 
 
 def duplicate_classes(lm) -> DuplicateClasses:
-    """Duplicate-row classes of lm's embeddings, cached by the weights fingerprint."""
-    key = (lm.fingerprint, "dups")
+    """Duplicate-row classes of lm's embeddings, cached by the embedding's fingerprint."""
+    key = (lm.embedding_fingerprint, "dups")
     if key not in _CACHE:
         _CACHE[key] = DuplicateClasses(lm.embedding_rows())
     return _CACHE[key]
 
 
 def near_duplicates(lm) -> dict[int, list[int]]:
-    """near_neighbours of lm's embedding rows, cached by the weights fingerprint."""
-    key = (lm.fingerprint, "near")
+    """near_neighbours of lm's embedding rows, cached by the embedding's fingerprint."""
+    key = (lm.embedding_fingerprint, "near")
     if key not in _CACHE:
-        path = cache_dir() / "near" / f"v1-{lm.fingerprint}-{NEAR_REL:g}.json"
+        path = cache_dir() / "near" / f"v2-{lm.embedding_fingerprint}-{NEAR_REL:g}.json"  # v2: embedding only
         try:
             _CACHE[key] = {int(u): v for u, v in json.loads(path.read_text()).items()}
         except (OSError, ValueError):

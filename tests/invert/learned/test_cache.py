@@ -43,6 +43,19 @@ def test_same_weights_under_another_name_reuse_the_calibration(cache):
     assert len(list(cache.rglob("*.safetensors"))) == 1
 
 
+def test_a_load_with_max_layer_shares_the_whole_models_calibrations(cache, saved_tiny):
+    """The key covers the blocks the tap reads, not those above: a load of blocks 1..2 finds the whole
+    model's calibration at layer 1 (`bench invert --layers 1,15` refitted both layers), and one it fits at
+    layer 2 is the whole model's (no LM prior: layer 2 is the last one loaded, not the last layer)."""
+    d = saved_tiny("tiny-llama")[1]
+    whole, cut = load_model(d), load_model(d, max_layer=2)
+    assert load_or_calibrate(LayerTap(whole, 1), FAST)[1] > 0 and load_or_calibrate(LayerTap(cut, 1), FAST)[1] == 0.0
+    cal, seconds = load_or_calibrate(LayerTap(cut, 2), FAST)
+    assert seconds > 0 and not cal.has_prior
+    assert load_or_calibrate(LayerTap(whole, 2), FAST)[1] == 0.0
+    assert load_or_calibrate(LayerTap(whole, 4), FAST)[0].has_prior  # the last layer has it
+
+
 def test_key_changes_with_what_is_observed_and_with_settings(cache):
     lm = load_model("tiny-gpt2")
     keys = {cache_path(LayerTap(lm, 2), FAST), cache_path(LayerTap(lm, 3), FAST),
@@ -60,14 +73,15 @@ def test_invert_config_calibration_tokens_reaches_the_learned_config():
 
 
 def test_default_key_unchanged_and_fast_mode_keyed_apart():
-    """Calibrations cached before fast mode existed are still found: the default settings' key is the
-    one computed at 578d9e9; table_tokens (fast mode) gives another key."""
+    """The default settings' part of the key is pinned (as computed with VERSION 5, when the weights
+    part became the blocks the tap reads): adding a setting must not orphan the cached calibrations;
+    table_tokens (fast mode) gives another key."""
     default = ("{'calibration_tokens': 49152, 'seq_len': 64, 'random_fraction': 0.2, 'ridge': 0.001, "
                "'screen_rank': 128, 'screen_top': 64, 'screen_agree': 0.995, 'gains': (0.4, 0.5, 0.6, 0.7, 0.8, "
                "0.9, 1.0), 'validation_rows': 32, 'lm_weight': 5.0, 'gate_rows': 128, 'gate_margin': 1.0}")
     assert LearnedConfig().fit_key() == default and calibration_config("full") == LearnedConfig()
     lm = load_model("tiny-gpt2")
-    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-a9a24614961f")
+    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-29729e792e3f")
     fast = calibration_config("fast")
     assert fast.table_tokens == 4096 and fast.calibration_tokens == 16384
     assert cache_path(LayerTap(lm, 2), fast) != cache_path(LayerTap(lm, 2), LearnedConfig())

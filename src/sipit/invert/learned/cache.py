@@ -1,7 +1,9 @@
 """The fitted calibration of one tap (typed, saved with safetensors) and its content-keyed cache.
 
-Key = the weights' fingerprint + what the tap observes (`tap.key`) + the fit settings + VERSION:
-never the model's spec name, so one GGUF loaded by name and by path shares one calibration. An
+Key = the fingerprint of the weights the tap reads (`lm.fingerprint_through(tap.blocks_read)`:
+embedding, final norm, LM head and blocks below the tap, never the blocks above) + what the tap
+observes (`tap.key`) + the fit settings + VERSION: never the model's spec name, so one GGUF loaded
+by name and by path shares one calibration, and a load with max_layer finds the whole model's. An
 older VERSION is never migrated: it is simply a different file, refitted once.
 """
 from __future__ import annotations
@@ -17,7 +19,7 @@ from torch import Tensor
 from ...models.load import cache_dir
 from .config import LearnedConfig
 
-VERSION = 4  # bump whenever what is fitted or stored changes
+VERSION = 5  # bump whenever what is fitted, stored or keyed changes (5: keyed by the blocks the tap reads)
 
 
 @dataclass
@@ -103,9 +105,9 @@ class Calibration:
 
 
 def calibration_key(tap, config: LearnedConfig) -> str:
-    """Content key: weights fingerprint, what the tap observes, fit settings, VERSION."""
+    """Content key: fingerprint of the weights the tap reads, what it observes, fit settings, VERSION."""
     settings = hashlib.sha256(f"{VERSION}:{config.fit_key()}".encode()).hexdigest()[:12]
-    return f"{tap.lm.fingerprint}-{tap.key}-{settings}"
+    return f"{tap.lm.fingerprint_through(tap.blocks_read)}-{tap.key}-{settings}"
 
 
 def cache_path(tap, config: LearnedConfig) -> Path:

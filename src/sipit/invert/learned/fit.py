@@ -274,7 +274,7 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig) -> list[C
             fits16 = bool(torch.isfinite(table).all() and table.abs().max() < 6e4)
             first = _table_subspace(table.half() if fits16 else table, min(cfg.screen_rank, table.shape[1]))
         cal = _screening(dict(parts[j], **first), H_val[j].float(), val, cfg, tap)
-        if observes_plain_states(tap) and tap.layer == lm.n_layers:
+        if observes_plain_states(tap) and tap.layer == lm.depth:  # not n_layers: max_layer may cut the model
             _lm_prior(cal, tap, H_gate[j], cfg)
         cal.key = calibration_key(tap, cfg)
         out.append(cal)
