@@ -161,6 +161,14 @@ def test_hf_directory_loads_whole_and_truncated(hf_dir):
         LayerTap(cut, -1)  # the architecture's last block, not the last one loaded
 
 
+def test_next_token_logprobs_need_every_block_not_a_load_without_max_layer(hf_dir):
+    """`bench invert --layers 1,15,30` loads with max_layer=30 = depth: the LM's ranking must stay on."""
+    ref, d = hf_dir
+    ids = torch.tensor(ref.encode("round trip"))
+    assert torch.equal(load_model(d, max_layer=4).next_token_logprobs(ids), ref.next_token_logprobs(ids))
+    assert load_model(d, max_layer=3).next_token_logprobs(ids) is None
+
+
 def test_hf_directory_loads_in_bf16_directly(hf_dir, monkeypatch):
     """A float precision is the dtype of the load itself: no float32 copy is ever made."""
     ref, d = hf_dir

@@ -184,8 +184,8 @@ class LM:
     @torch.no_grad()
     def next_token_logprobs(self, ids: Tensor) -> Tensor | None:
         """log p(· | ids[:i+1]) for every i, as the whole model computes it (soft-capping included):
-        ids [T] -> [T, V] float32; None when only the first blocks were loaded (no LM head to run)."""
-        if self.full_layers is not None:
+        ids [T] -> [T, V] float32; None when only the first blocks were loaded (max_layer < depth)."""
+        if self.n_layers < self.depth:  # not `full_layers is not None`: max_layer = depth loads every block
             return None
         return torch.log_softmax(self.logits(ids[None].to(self.device))[0, :, :self.vocab_size].float(), -1)
 
