@@ -49,9 +49,14 @@ def test_a_load_with_max_layer_finds_the_whole_models_noise_and_near_duplicates(
     monkeypatch.setenv("SIPIT_CACHE", str(tmp_path))
     d = saved_tiny("tiny-llama")[1]
     whole, cut = load_model(d), load_model(d, max_layer=2)
+
+    def fresh_process():  # earlier tests may have memoized these very weights
+        monkeypatch.setattr(eps, "_MEMO", {})
+        monkeypatch.setattr(verify, "_CACHE", {})
+
+    fresh_process()
     noise, near = noise_profile(LayerTap(whole, 2), batch_size=64), near_duplicates(whole)
-    monkeypatch.setattr(eps, "_MEMO", {})
-    monkeypatch.setattr(verify, "_CACHE", {})
+    fresh_process()
     monkeypatch.setattr(eps, "measure_noise", lambda *a: pytest.fail("noise measured again"))
     monkeypatch.setattr(verify, "near_neighbours", lambda *a: pytest.fail("near-duplicates searched again"))
     assert noise_profile(LayerTap(cut, 2), batch_size=64) == noise and near_duplicates(cut) == near

@@ -50,13 +50,13 @@ class ProjectedTap:
         self.inner = LayerTap(lm, lm.n_layers)
         self.lm, self.layer, self.final_norm = lm, self.inner.layer, False
         self.proj = torch.randn(lm.d_model, 24, generator=torch.Generator().manual_seed(0))
-        self.dim, self.key = 24, f"proj24-L{self.layer}"
+        self.dim, self.key, self.blocks_read = 24, f"proj24-L{self.layer}", self.layer
 
     def states(self, ids):
         return self.inner.states(ids) @ self.proj
 
 
-def test_any_tap_with_dim_and_key_calibrates(lm):
+def test_any_tap_with_dim_key_and_blocks_read_calibrates(lm):
     tap = ProjectedTap(lm)
     cal = calibrate(tap, FAST)
     assert cal.P.shape == (lm.vocab_size, 24) and cal.table.shape == (lm.vocab_size, 24)

@@ -285,7 +285,8 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig) -> list[C
 
 
 def calibrate(tap, config: LearnedConfig | None = None) -> Calibration:
-    """Fit the calibration of any tap (LayerTap or one with the same interface, `dim` and `key`)."""
+    """Fit the calibration of any tap (LayerTap or one with the same interface, `dim`, `key` and
+    `blocks_read`)."""
     return fit_calibrations([tap], lambda ids: [tap.states(ids)], config or LearnedConfig())[0]
 
 
