@@ -2,6 +2,7 @@
 
 Interface (all methods cheap unless noted):
     begin(target [T, d], cost)    a new prompt; cost: the loop's counter (policies add backward_tokens)
+    begin_many(targets, costs) -> one begun copy per prompt (lock-step; may share work across prompts)
     guesses(t, ids) -> [T-t] | None   top-1 guesses for positions t.. (speculation), or None
     candidates(t, prefix) -> iterator of id batches [B], best first (may be lazy and expensive)
     observe(t, ids [B], states [B, d])  wrong candidates' exact states at t on the verified prefix
@@ -20,6 +21,8 @@ Policies:
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor
 
@@ -35,6 +38,14 @@ class Policy:
 
     def begin(self, target: Tensor, cost: dict) -> None:
         self.target, self.cost = target, cost
+
+    def begin_many(self, targets: list[Tensor], costs: list[dict]) -> list["Policy"]:
+        """A begun copy of this policy per prompt (lock-step inversion; shallow copies share what
+        the policy loaded once, e.g. a calibration). Override to share work across the prompts."""
+        copies = [copy.copy(self) for _ in targets]
+        for p, target, cost in zip(copies, targets, costs):
+            p.begin(target, cost)
+        return copies
 
     def guesses(self, t: int, ids: Tensor) -> Tensor | None:
         return None

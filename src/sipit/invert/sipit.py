@@ -29,7 +29,6 @@ evaluated, and `certify` ("top:K", "full") evaluates more, up to the whole vocab
 """
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 
@@ -53,7 +52,7 @@ class _Run:
     lock-step batch the prompts' seconds add up to the batch's, and a cap means the same as alone."""
 
     target: Tensor  # [T, dim]
-    policy: object
+    policy: object  # its own copy of the engine's policy, begun on this prompt (Policy.begin_many)
     max_seconds: float | None
     seconds: float = 0.0  # spent before the loop was last resumed
     resumed: float = 0.0  # perf_counter() when it was
@@ -113,8 +112,13 @@ class SipIt:
         slowest one alone, each pass B times wider. Results are what each prompt gets alone; its
         seconds (and `max_seconds`) are its own share of the batch (_Run)."""
         true_ids = true_ids if true_ids is not None else [None] * len(targets)
-        runs = [_Run(target.to(self.lm.dtype).to(self.lm.device), copy.copy(self.policy), self.config.max_seconds)
-                for target in targets]  # a shallow copy of the policy per prompt: calibrations are shared
+        runs = [_Run(target.to(self.lm.dtype).to(self.lm.device), None, self.config.max_seconds) for target in targets]
+        finite = [run for run in runs if torch.isfinite(run.target).all()]  # (the others fail at once: _steps)
+        t = time.perf_counter()  # the policy's first look at every prompt, shared like a forward pass
+        begun = self.policy.begin_many([r.target for r in finite], [r.cost for r in finite])
+        share = (time.perf_counter() - t) / max(len(finite), 1)
+        for run, policy in zip(finite, begun):
+            run.policy, run.seconds = policy, share
         loops = [self._steps(run, ids) for run, ids in zip(runs, true_ids)]
         results: list = [None] * len(loops)
         asks = {}  # prompt index -> the _Pass it waits for
@@ -149,7 +153,6 @@ class SipIt:
         if bad:
             return self._finish(run, [], [], f"non-finite values (NaN/inf) in the states at positions {bad[:10]}",
                                 true_ids)
-        policy.begin(run.target, run.cost)
         prefix = self.tap.prefill(torch.zeros(0, dtype=torch.long, device=self.lm.device))
         positions: list[Position] = []
         checked: dict[int, float] = {}  # candidates already evaluated at position t -> distance

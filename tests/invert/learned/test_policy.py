@@ -50,3 +50,33 @@ def test_prefix_lm_is_the_whole_models_prediction_and_only_for_text_like_prefixe
     truncated = copy.copy(lm)
     truncated.full_layers = lm.n_layers + 2  # as load_model(..., max_layer=n_layers) of a deeper model
     assert truncated.next_token_logprobs(torch.tensor(likely)) is None
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_begin_many_gives_each_prompt_what_begin_gives_it_alone(lm, cache, last):
+    """Lock-step inversion begins every prompt in one product per group: guesses, position-0 keys and
+    bounds and the LM-prior switch of each prompt equal those of begin on that prompt alone
+    (prompts of different lengths, text and random ids). At layer L the gate is moved between the
+    prompts' scores (a random tiny LM finds no prompt likelier than chance) so the prior is on for
+    some prompts and off for others."""
+    layer = lm.n_layers if last else 1
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.tensor(lm.encode("The cat sat on the mat and looked at the dog.")[:n]) for n in (12, 7)]
+    prompts += [torch.randint(0, lm.vocab_size, (n,), generator=g) for n in (9, 1, 5)]
+    states = [LayerTap(lm, layer).states(p) for p in prompts]
+    engine = SipIt(lm, layer, InvertConfig(learned=FAST))
+    ranker = engine.policy.ranker
+    if last:
+        ranker.cal = copy.copy(ranker.cal)
+        scores = sorted(float(ranker.lm_logprob(h, gs).mean()) for h, (gs, _) in zip(states, ranker.guesses(states))
+                        if len(h) > 1)
+        ranker.cal.lm_gate = (scores[1] + scores[2]) / 2
+    cost = dict(forward_tokens=0, backward_tokens=0, tap_calls=0)
+    together = engine.policy.begin_many(states, [dict(cost) for _ in states])
+    for h, many in zip(states, together):
+        alone = copy.copy(engine.policy)
+        alone.begin(h, dict(cost))
+        assert torch.equal(many.guess, alone.guess) and many.prior == alone.prior
+        assert torch.allclose(many.d0, alone.d0) and torch.allclose(many.bounds0, alone.bounds0)
+        assert torch.equal(many.target, h.float()) and many.anchors == {} and many is not engine.policy
+    assert sum(p.prior for p in together) == (2 if last else 0)

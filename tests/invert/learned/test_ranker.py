@@ -36,16 +36,18 @@ def test_position0_is_exact_for_every_token_and_bounds_are_below_the_truth(lm, r
     tap = LayerTap(lm, 2)
     ids = torch.arange(0, lm.vocab_size, 17)
     states = tap.states(ids[:, None])[:, 0]
-    for v, h in zip(ids.tolist(), states):
-        guess, dist, bounds = ranker.position0(h)
+    guesses, dists, bounds = ranker.position0(states)  # every prompt's position 0 at once
+    for v, h, guess, dist, bound in zip(ids.tolist(), states, guesses.tolist(), dists, bounds):
         assert guess == v or float(dist[guess]) <= 1e-5  # a bit-identical row is as good
         true = (ranker.cal.table.double() - h.double()).norm(dim=1) / h.double().norm()
-        assert bool((bounds <= true + 1e-6).all())
+        assert bool((bound <= true + 1e-6).all())
+        alone = ranker.position0(h[None])
+        assert int(alone[0]) == guess and torch.allclose(alone[1][0], dist) and torch.allclose(alone[2][0], bound)
 
 
 def test_guesses_recover_a_text_prompt(lm, ranker):
     ids = torch.tensor(lm.encode("The cat sat on the mat and looked at the dog.")[:12])
-    guesses, prior = ranker.guesses(LayerTap(lm, 2).states(ids))
+    [(guesses, prior)] = ranker.guesses([LayerTap(lm, 2).states(ids)])
     assert not prior and float((guesses == ids[1:]).float().mean()) >= 0.8
 
 

@@ -4,7 +4,7 @@ at run time to guess and rank tokens (ranker.py, policy.py).
 
     cal = calibrate(tap)                       # or Calibration.load(path)
     ranker = LinearRanker(cal, tap)
-    guesses, prior_on = ranker.guesses(target) # target [T, d] -> top-1 ids for positions 1..T-1
+    [(guesses, prior_on)] = ranker.guesses([target])  # target [T, d] -> top-1 ids for positions 1..T-1
 """
 from .. import policies  # noqa: F401  first: its Policy is Learned's base, and it imports Learned back
 from .cache import VERSION, Calibration, cache_path, calibration_key, load_cached

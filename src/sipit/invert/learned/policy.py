@@ -6,6 +6,7 @@ no bounds). A policy only orders candidates; the loop verifies.
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -14,6 +15,8 @@ from ..policies import Policy
 from .config import learned_config
 from .fit import load_or_calibrate
 from .ranker import LinearRanker
+
+GROUP = 32  # prompts per product in begin_many (bounds the [GROUP, V] float64 temporaries)
 
 
 class Learned(Policy):
@@ -26,12 +29,24 @@ class Learned(Policy):
         self.ranker = LinearRanker(cal, tap, self.learned.screen_top)
 
     def begin(self, target, cost):
-        super().begin(target, cost)
-        self.target = target.float()
-        g0, self.d0, self.bounds0 = self.ranker.position0(self.target[0])
-        rest, self.prior = self.ranker.guesses(self.target)
-        self.guess = torch.cat([torch.tensor([g0], device=rest.device), rest])  # [T]
-        self.anchors = {}  # t -> [(ids [n], exact states [n, d] at t on the verified prefix)]
+        self.begin_many([target], [cost], into=[self])
+
+    def begin_many(self, targets, costs, into=None):
+        """The ranker's first look at every prompt (position 0 and the guesses of every position) in
+        products over GROUP prompts at a time: on a CPU a product with few rows costs about what
+        reading the [V, ·] tables costs, so a lock-step batch pays it once per group, not per prompt."""
+        into = into or [copy.copy(self) for _ in targets]
+        for s in range(0, len(targets), GROUP):
+            group = [t.float() for t in targets[s:s + GROUP]]
+            g0, d0, bounds0 = self.ranker.position0(torch.stack([t[0] for t in group]))
+            for j, (rest, prior) in enumerate(self.ranker.guesses(group)):
+                p = into[s + j]
+                Policy.begin(p, targets[s + j], costs[s + j])
+                p.target, p.prior = group[j], prior
+                p.d0, p.bounds0 = d0[j], bounds0[j] if bounds0 is not None else None
+                p.guess = torch.cat([g0[j:j + 1], rest])  # [T]
+                p.anchors = {}  # t -> [(ids [n], exact states [n, d] at t on the verified prefix)]
+        return into
 
     def guesses(self, t, ids):
         return self.guess[t:]

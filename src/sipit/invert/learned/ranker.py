@@ -30,26 +30,26 @@ class LinearRanker:
         self.unembed = self.lm.unembedding_rows().float() if cal.has_prior else None
         self.gain = cal.gain
 
-    def position0(self, y: Tensor) -> tuple[int, Tensor, Tensor | None]:
-        """y [d] -> (guess, an order key [V]: ascending = best first, certified lower bounds of the
-        true relative distances [V] or None). With the table the key is the relative distance (exact
-        for a screened few, else a lower bound); without it, minus the score."""
+    def position0(self, Y: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Y [B, d]: position 0 of B prompts -> (guesses [B], an order key [B, V]: ascending = best
+        first, certified lower bounds of the true relative distances [B, V] or None). With the table
+        the key is the relative distance (exact for a screened few, else a lower bound); without it,
+        minus the score."""
         c = self.cal
         if c.table is None:
-            score = 2 * c.p0 @ (y.float() @ c.white0 - c.c0w) - c.gain0 * c.p0_sq  # [V]
-            return int(score.argmax()), -score, None
-        q = (y.double() - c.t_mean.double()).float() @ c.t_basis  # [k]
-        q_sq = float((q.double() ** 2).sum())
-        d_sq = self.t_proj_sq - 2 * (c.t_proj @ q).double() + q_sq  # ‖Π(x_v − y)‖² ≤ ‖x_v − y‖²
-        slack = 3 * q.shape[0] * 2.0 ** -24 * (self.t_proj_sq + q_sq) + 1e-6 * self.t_proj_sq.mean()  # rounding
-        proj = (d_sq - slack).clamp_min(0).sqrt()
-        top = proj.topk(min(self.screen_top, len(proj)), largest=False).indices
-        dist = proj.clone()
-        dist[top] = (c.table[top].double() - y.double()).norm(dim=1)
-        norm = y.double().norm().clamp_min(1e-30)
+            score = 2 * (Y.float() @ c.white0 - c.c0w) @ c.p0.T - c.gain0 * c.p0_sq  # [B, V]
+            return score.argmax(1), -score, None
+        q = (Y.double() - c.t_mean.double()).float() @ c.t_basis  # [B, k]
+        q_sq = (q.double() ** 2).sum(1, keepdim=True)  # [B, 1]
+        d_sq = self.t_proj_sq - 2 * (q @ c.t_proj.T).double() + q_sq  # ‖Π(x_v − y)‖² ≤ ‖x_v − y‖²  [B, V]
+        slack = 3 * q.shape[1] * 2.0 ** -24 * (self.t_proj_sq + q_sq) + 1e-6 * self.t_proj_sq.mean()  # rounding
+        dist = (d_sq - slack).clamp_min(0).sqrt()
+        top = dist.topk(min(self.screen_top, dist.shape[1]), dim=1, largest=False).indices  # [B, m]
+        exact = (c.table[top].double() - Y.double()[:, None]).norm(dim=2)  # [B, m]
+        dist.scatter_(1, top, exact)
+        rel = dist / Y.double().norm(dim=1, keepdim=True).clamp_min(1e-30)
         e = self.table_err  # ‖x̃ − x‖ ≤ e‖x‖ ≤ e(‖ĥ‖ + ‖x − ĥ‖)  =>  d ≥ (d̃ − e)/(1 + e)
-        rel = dist / norm
-        return int(top[dist[top].argmin()]), rel, ((rel - e) / (1 + e)).clamp_min(0)
+        return top.gather(1, exact.argmin(1, keepdim=True))[:, 0], rel, ((rel - e) / (1 + e)).clamp_min(0)
 
     def context_residuals(self, target: Tensor) -> Tensor:
         """Whitened observations minus the predicted context part, positions 1..T-1: target [T, d] -> [T-1, d]."""
@@ -76,20 +76,30 @@ class LinearRanker:
         lse = torch.logsumexp((n @ c.u_basis) @ c.u_proj.T, 1)
         return (n * self.unembed[ids]).sum(1) - lse
 
-    def guesses(self, target: Tensor) -> tuple[Tensor, bool]:
-        """target [T, d] -> (top-1 guesses for positions 1..T-1 [T-1], whether the LM prior is on)."""
+    def guesses(self, targets: list[Tensor]) -> list[tuple[Tensor, bool]]:
+        """Per prompt (targets: list of [T_i, d]): (top-1 guesses for positions 1..T_i-1 [T_i-1],
+        whether the LM prior is on). The products of every prompt are done together: on a CPU a
+        product with few rows is bound by reading the [V, r] screen, so B prompts at once cost
+        about what one does (lock-step inversion)."""
         c = self.cal
-        r = self.context_residuals(target)
-        plain = self.screen(r)
-        if not c.has_prior or len(r) == 0 or float(self.lm_logprob(target, plain).mean()) <= c.lm_gate:
-            return plain, False
-        n = self._normed(target[:-1]).float()  # [T-1, d]
-        w, g = 2 * c.lm_weight, self.gain  # 2 × log-likelihood −‖r − g·P_v‖² + w · log p_LM
-        approx = g * (2 * (r @ c.p_basis) @ c.p_proj.T - g * c.P_sq) + w * ((n @ c.u_basis) @ c.u_proj.T)
-        top = approx.topk(min(self.screen_top, approx.shape[1]), dim=1).indices
-        exact = g * (2 * (c.P[top] @ r[:, :, None])[..., 0] - g * c.P_sq[top])
-        exact = exact + w * (self.unembed[top] @ n[:, :, None])[..., 0]
-        return top.gather(1, exact.argmax(1, keepdim=True))[:, 0], True
+        r = torch.cat([self.context_residuals(t) for t in targets])  # [N, d]
+        plain = self.screen(r).split([len(t) - 1 for t in targets])
+        prior = [c.has_prior and len(p) > 0 and float(self.lm_logprob(t, p).mean()) > c.lm_gate
+                 for t, p in zip(targets, plain)]
+        out = [(p, False) for p in plain]
+        on = [i for i, x in enumerate(prior) if x]
+        if on:  # 2 × log-likelihood −‖r − g·P_v‖² + w · log p_LM, screened, then exact for the best few
+            r = torch.cat([self.context_residuals(targets[i]) for i in on])
+            n = torch.cat([self._normed(targets[i][:-1]).float() for i in on])  # [n, d]
+            w, g = 2 * c.lm_weight, self.gain
+            approx = g * (2 * (r @ c.p_basis) @ c.p_proj.T - g * c.P_sq) + w * ((n @ c.u_basis) @ c.u_proj.T)
+            top = approx.topk(min(self.screen_top, approx.shape[1]), dim=1).indices
+            exact = g * (2 * (c.P[top] @ r[:, :, None])[..., 0] - g * c.P_sq[top])
+            exact = exact + w * (self.unembed[top] @ n[:, :, None])[..., 0]
+            best = top.gather(1, exact.argmax(1, keepdim=True))[:, 0].split([len(targets[i]) - 1 for i in on])
+            for i, b in zip(on, best):
+                out[i] = (b, True)
+        return out
 
     def anchored_residual(self, target: Tensor, t: int, anchors=None) -> tuple[Tensor, float]:
         """(y, s): position t's whitened observation with the context part removed, and the gain of
