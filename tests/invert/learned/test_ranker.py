@@ -68,3 +68,28 @@ def test_the_lm_stream_joins_from_the_third_batch(lm, ranker):
     assert last not in torch.cat(batches[:2]).tolist() and last in batches[2].tolist()
     assert len(asked) == 1
     assert sorted(torch.cat(batches).tolist()) == list(range(lm.vocab_size))  # every token once
+
+
+def test_token_scores_screen_in_the_subspace_and_are_exact_for_the_best(ranker, monkeypatch):
+    """With a low-rank screen (rank 8 of d), token_scores is exact for the EXACT_TOP best by the screen
+    and the screen's value (2g·(yB)·(P_v B) − g²‖P_v‖²) for the rest; a full-rank screen is exact."""
+    import copy
+
+    from sipit.invert.learned import ranker as module
+
+    c = ranker.cal
+    y, g = torch.randn(c.P.shape[1], generator=torch.Generator().manual_seed(1)), 0.7
+    exact = 2 * g * (c.P @ y) - g * g * c.P_sq
+    assert c.p_basis.shape[1] == c.P.shape[1] and torch.equal(ranker.token_scores(y, g), exact)
+    low = copy.copy(ranker)
+    low.cal = copy.copy(c)
+    low.cal.p_basis = c.p_basis[:, :8].contiguous()
+    low.cal.p_proj = (c.P @ low.cal.p_basis).contiguous()
+    monkeypatch.setattr(module, "EXACT_TOP", 32)
+    s = low.token_scores(y, g)
+    screen = 2 * g * (low.cal.p_proj @ (y @ low.cal.p_basis)) - g * g * c.P_sq
+    top = screen.topk(32).indices
+    rest = torch.ones(len(s), dtype=torch.bool)
+    rest[top] = False
+    assert torch.allclose(s[top], exact[top]) and torch.equal(s[rest], screen[rest])
+    assert not torch.allclose(screen[top], exact[top])  # rank 8 is a real approximation

@@ -17,6 +17,7 @@ from torch import Tensor
 from .cache import Calibration
 
 STORE_ERR = {torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24}  # relative rounding of the stored table
+EXACT_TOP = 1024  # tokens per search ranking scored exactly after the low-rank screen (token_scores)
 
 
 class LinearRanker:
@@ -125,12 +126,25 @@ class LinearRanker:
         return target[t].float() @ c.white - (Y.mean(0) - s * X.mean(0)), s
 
     def scores(self, target: Tensor, t: int, prior: bool, anchors=None) -> Tensor:
-        """Exact scores of every token at position t ≥ 1: 2 × log-likelihood (+ the LM prior). [V]"""
-        c = self.cal
+        """Scores of every token at position t ≥ 1 (exact for the best, token_scores): 2 × log-likelihood
+        (+ the LM prior). [V]"""
         y, g = self.anchored_residual(target, t, anchors)
-        s = 2 * g * (c.P @ y) - g * g * c.P_sq
+        s = self.token_scores(y, g)
         if prior:
-            s = s + 2 * c.lm_weight * self.lm_scores(target, t)
+            s = s + 2 * self.cal.lm_weight * self.lm_scores(target, t)
+        return s
+
+    def token_scores(self, y: Tensor, g: float) -> Tensor:
+        """2g·P_v·y − g²‖P_v‖² of every token v for a residual y [d]: in P's principal subspace (the
+        screen), then exactly for the EXACT_TOP best. A full-rank screen is exact already. Reading the
+        [V, r] screen instead of the [V, d] P is what a search batch's ranking costs (SmolLM2 ℓ = 15:
+        r = 128 of d = 576); rankings are read no deeper than EXACT_TOP before the loop's last batches. [V]"""
+        c = self.cal
+        if c.p_basis.shape[1] == c.P.shape[1]:
+            return 2 * g * (c.P @ y) - g * g * c.P_sq
+        s = 2 * g * (c.p_proj @ (y @ c.p_basis)) - g * g * c.P_sq
+        top = s.topk(min(EXACT_TOP, len(s))).indices
+        s[top] = 2 * g * (c.P[top] @ y) - g * g * c.P_sq[top]
         return s
 
     def ranking(self, target: Tensor, t: int, prior: bool, sizes, anchors, prefix_lm=lambda: None):
