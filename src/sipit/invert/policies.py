@@ -6,6 +6,7 @@ Interface (all methods cheap unless noted):
     guesses(t, ids) -> [T-t] | None   top-1 guesses for positions t.. (speculation), or None
     candidates(t, prefix) -> iterator of id batches [B], best first (may be lazy and expensive)
     observe(t, ids [B], states [B, d])  wrong candidates' exact states at t on the verified prefix
+    revise(t, ids [k], states [k, d])   states of guesses at t.. after a wrong guess before t (not exact)
     lower_bounds(t) -> [V] | None     certified lower bounds of every token's relative distance
 
 Policies:
@@ -57,6 +58,9 @@ class Policy:
         return None
 
     def observe(self, t: int, ids: Tensor, states: Tensor) -> None:
+        pass
+
+    def revise(self, t: int, ids: Tensor, states: Tensor) -> None:
         pass
 
 

@@ -168,8 +168,8 @@ class SipIt:
                 positions += accepted
                 if prefix.length == T:
                     break
-                guess = guess[len(accepted):]
-                checked = {int(guess[0]): miss}
+                checked = {int(guess[len(accepted)]): miss}
+                guess = policy.guesses(prefix.length, prefix.ids)  # revised after the wrong guess
             found = yield from self._search(run, prefix, checked, guess[1:] if guess is not None else None)
             prefix, checked = found.prefix, found.next_checked
             positions += found.positions
@@ -214,6 +214,7 @@ class SipIt:
         n = int((d <= self.eps).long().cumprod(0).sum())
         if n < len(d):  # the first wrong guess was computed on a verified prefix: tell the policy
             run.policy.observe(t + n, guess[n:n + 1], h[0, n:n + 1])
+            run.policy.revise(t + n + 1, guess[n + 1:], h[0, n + 1:])  # the rest came after a wrong token
         accepted = [Position(int(v), float(dv), None, 0, tried=1, via="speculation")
                     for v, dv in zip(guess[:n], d[:n])]
         return grown(0, n), accepted, float(d[n]) if n < len(d) else float("nan")
@@ -260,6 +261,7 @@ class SipIt:
                     if n - 1 < len(continuation):
                         nxt = {int(continuation[n - 1]): float(d[b, n])}
                         run.policy.observe(t + n, continuation[n - 1:n], h[b, n:n + 1])
+                        run.policy.revise(t + n + 1, continuation[n:], h[b, n + 1:])
                 return _Search(grown(b, n), found, nxt)
             lookahead = False
         best = min(evaluated.values(), default=float("inf"))

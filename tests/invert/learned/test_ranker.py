@@ -70,9 +70,10 @@ def test_the_lm_stream_joins_from_the_third_batch(lm, ranker):
     assert sorted(torch.cat(batches).tolist()) == list(range(lm.vocab_size))  # every token once
 
 
-def test_token_scores_screen_in_the_subspace_and_are_exact_for_the_best(ranker, monkeypatch):
+def test_token_scores_screen_in_the_subspace_and_are_exact_for_the_best(lm, ranker, monkeypatch):
     """With a low-rank screen (rank 8 of d), token_scores is exact for the EXACT_TOP best by the screen
-    and the screen's value (2g·(yB)·(P_v B) − g²‖P_v‖²) for the rest; a full-rank screen is exact."""
+    and the screen's value (2g·(yB)·(P_v B) − g²‖P_v‖²) for the rest; a full-rank screen is exact. A
+    bfloat16 screen gives the float32 one's values to bfloat16's rounding."""
     import copy
 
     from sipit.invert.learned import ranker as module
@@ -81,15 +82,17 @@ def test_token_scores_screen_in_the_subspace_and_are_exact_for_the_best(ranker, 
     y, g = torch.randn(c.P.shape[1], generator=torch.Generator().manual_seed(1)), 0.7
     exact = 2 * g * (c.P @ y) - g * g * c.P_sq
     assert c.p_basis.shape[1] == c.P.shape[1] and torch.equal(ranker.token_scores(y, g), exact)
-    low = copy.copy(ranker)
-    low.cal = copy.copy(c)
-    low.cal.p_basis = c.p_basis[:, :8].contiguous()
-    low.cal.p_proj = (c.P @ low.cal.p_basis).contiguous()
+    cal = copy.copy(c)
+    cal.p_basis = c.p_basis[:, :8].contiguous()
+    cal.p_proj = (c.P @ cal.p_basis).contiguous()
     monkeypatch.setattr(module, "EXACT_TOP", 32)
+    low = LinearRanker(cal, LayerTap(lm, 2), low=torch.float32)
     s = low.token_scores(y, g)
-    screen = 2 * g * (low.cal.p_proj @ (y @ low.cal.p_basis)) - g * g * c.P_sq
+    screen = 2 * g * (cal.p_proj @ (y @ cal.p_basis)) - g * g * c.P_sq
     top = screen.topk(32).indices
     rest = torch.ones(len(s), dtype=torch.bool)
     rest[top] = False
-    assert torch.allclose(s[top], exact[top]) and torch.equal(s[rest], screen[rest])
+    assert torch.allclose(s[top], exact[top]) and torch.allclose(s[rest], screen[rest], atol=1e-5)
     assert not torch.allclose(screen[top], exact[top])  # rank 8 is a real approximation
+    bf16 = LinearRanker(cal, LayerTap(lm, 2), low=torch.bfloat16)._in_screen(y[None], cal.p_basis, cal.p_proj.bfloat16())
+    assert torch.allclose(bf16[0], cal.p_proj @ (y @ cal.p_basis), rtol=2e-2, atol=2e-2 * float(bf16.abs().max()))

@@ -218,7 +218,8 @@ def _screening(parts: dict, H: Tensor, ids: Tensor, cfg: LearnedConfig, tap) -> 
     while True:
         out.update(p_basis=basis[:, :rank].float().contiguous(), p_proj=proj[:, :rank].contiguous())
         cal = Calibration(key="", gain=gain, seconds=0.0, **out)
-        if rank == d or float((LinearRanker(cal, tap, cfg.screen_top).screen(r) == full).float().mean()) >= cfg.screen_agree:
+        screened = LinearRanker(cal, tap, cfg.screen_top, torch.float32).screen(r)
+        if rank == d or float((screened == full).float().mean()) >= cfg.screen_agree:
             return cal
         rank = min(2 * rank, d)
 
@@ -233,7 +234,7 @@ def _lm_prior(cal: Calibration, tap, H_random: Tensor, cfg: LearnedConfig) -> No
     Q = _principal_basis(U, min(cfg.screen_rank, U.shape[1]))
     cal.u_basis, cal.u_proj = Q.float(), (U.double() @ Q).float()
     cal.lm_weight = cfg.lm_weight
-    ranker = LinearRanker(cal, tap, cfg.screen_top)
+    ranker = LinearRanker(cal, tap, cfg.screen_top, torch.float32)
     means = [float(ranker.lm_logprob(h, ranker.screen(ranker.context_residuals(h))).mean()) for h in H_random.float()]
     cal.lm_gate = float(torch.tensor(means).quantile(0.99)) + cfg.gate_margin
 
