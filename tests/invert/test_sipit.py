@@ -92,6 +92,44 @@ def test_search_and_lookahead_after_mismatches(lm):
     assert all(q.token == int(v) for q, v in zip(p.positions, ids[0]))
 
 
+class RevisedGuesses(WrongGuesses):
+    """Guesses 2 and 4 wrong; revise (what the loop tells it after a wrong guess) records its call and
+    fixes every later guess, as a perfect re-ranker would."""
+
+    name = "revised-guesses"
+
+    def begin(self, target, cost):
+        super().begin(target, cost)
+        self.guess, self.revised = self.truth.clone(), []
+        self.guess[[2, 4]] = 0
+
+    def guesses(self, t, ids):
+        return self.guess[t:]
+
+    def revise(self, t, ids, states):
+        self.revised.append((t, ids.clone(), states.clone()))
+        self.guess[t:] = self.truth[t:]
+
+
+def test_after_a_wrong_guess_the_later_guesses_are_revised_from_the_same_pass(lm):
+    """The speculation pass verifies 0-1 and fails at 2; the policy gets that pass's states of 3.. (on a
+    prefix with the wrong token at 2) and revises; the lookahead pass that finds 2 then carries the
+    revised continuation and verifies everything: 2 passes, where the planted guess at 4 alone costs 3."""
+    ids, states = capture(lm, TEXT[:1], 2)
+    RevisedGuesses.truth = ids[0]
+    engine = SipIt(lm, 2, InvertConfig(policy=RevisedGuesses, batch_size=64), eps=1e-4)
+    [run] = engine.policy.begin_many([states[0]], [dict(forward_tokens=0, backward_tokens=0, tap_calls=0)])
+    engine.policy.begin_many = lambda targets, costs: [run]
+    r = engine.invert_prompt(states[0], ids[0].tolist())
+    assert r.exact and r.tap_calls == 2
+    assert [q.via for q in r.positions] == ["speculation"] * 2 + ["lookahead"] * (len(ids[0]) - 2)
+    [(t, guessed, seen)] = run.revised
+    wrong = ids[0].clone()
+    wrong[[2, 4]] = 0
+    assert t == 3 and torch.equal(guessed, wrong[3:])
+    assert torch.allclose(seen, LayerTap(lm, 2).states(wrong)[3:], atol=1e-4)  # after the wrong token at 2
+
+
 @pytest.mark.parametrize("policy", ["learned", "exhaustive", WrongGuesses])
 def test_lock_step_batch_gives_what_each_prompt_gets_alone(lm, policy):
     """Prompts of different lengths and kinds (speculated, searched after planted misses, exhaustive

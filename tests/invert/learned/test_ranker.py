@@ -96,3 +96,17 @@ def test_token_scores_screen_in_the_subspace_and_are_exact_for_the_best(lm, rank
     assert not torch.allclose(screen[top], exact[top])  # rank 8 is a real approximation
     bf16 = LinearRanker(cal, LayerTap(lm, 2), low=torch.bfloat16)._in_screen(y[None], cal.p_basis, cal.p_proj.bfloat16())
     assert torch.allclose(bf16[0], cal.p_proj @ (y @ cal.p_basis), rtol=2e-2, atol=2e-2 * float(bf16.abs().max()))
+
+
+def test_revised_guesses_anchor_each_position_on_the_state_given_for_it(lm, ranker):
+    """revised(target, t, ids, states): a position whose given state is the observed one (its guess in
+    the right context) keeps that guess; one whose given state is another token's in the right context
+    is re-ranked to the observed token."""
+    ids = torch.tensor(lm.encode("The cat sat on the mat and looked at the dog.")[:10])
+    tap = LayerTap(lm, 2)
+    target = tap.states(ids).float()
+    wrong = ids.clone()
+    wrong[5] = (ids[5] + 1) % lm.vocab_size
+    seen = torch.stack([target[4], tap.extend(tap.prefill(ids[:5]), wrong[5:6])[0].float(), target[6]])
+    new = ranker.revised(target, 4, wrong[4:7], seen, False)
+    assert new.tolist() == ids[4:7].tolist()
