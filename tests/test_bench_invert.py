@@ -20,6 +20,9 @@ def test_bench_invert_reports_every_policy_on_the_same_prompts():
     assert exhaustive["exact"] == 2 and exhaustive["time_capped"] == 0
     assert learned["on_slow_subset"]["prompts"] == 2 and learned["on_slow_subset"]["exact"] == 2
     assert learned["candidates_scored_per_position"] > learned["candidates_verified_per_position"]
+    by_kind = learned["ratio_by_kind"]  # per source: median and max of the prompts' own ratios
+    assert set(by_kind) == {"prose", "random"} and all(0 < k["median"] <= k["max"] for k in by_kind.values())
+    assert set(exhaustive["ratio_by_kind"]) == {"prose", "random"}
     assert set(learned["amortised_seconds_per_prompt"]) == {"1", "100", "10000"}
     assert layer["certify"]["learned top:8"]["prompts"] == 2 and layer["eps_headroom"] > 1
     # lock-step: B = 1 and 3 (one batch of 3, the 4th prompt left out); B = 8 > 4 prompts is not run

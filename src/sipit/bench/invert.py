@@ -12,7 +12,8 @@ output; their ratio is per position × length, marked `extrapolated`), each with
 `slow_max_seconds` (a prompt that hits it counts as failed, `time_capped`). The learned policy's entry
 also gives its numbers on that same subset (`on_slow_subset`), for a like-for-like comparison.
 
-Reported per policy: candidates *verified* by a forward pass (the paper's metric) and candidates
+Reported per policy: the ratio to the forward pass overall (median seconds ÷ median forward) and
+per text source (median and max of each prompt's seconds ÷ its own forward), candidates *verified* by a forward pass (the paper's metric) and candidates
 *scored* (the learned policy scores the whole vocabulary at every position; the gradient policy
 ranks the whole vocabulary at every snap), one-time calibration seconds and the amortised cost per
 prompt (calibration ÷ N + inversion, N = 1, 100, 10,000), the share of certified positions, ε and
@@ -193,9 +194,11 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V) -> dict:
     positions = [q for r in res for q in r.positions]
     tried = [q.tried for q in positions]
     by_kind: dict = {}
-    for (kind, _), r in zip(data, res):
+    ratios: dict = {}  # per text source: each prompt's seconds ÷ its own forward pass
+    for (kind, _), r, f, t in zip(data, res, fwd, per_prompt):
         k = by_kind.setdefault(kind, [0, 0])
         k[0], k[1] = k[0] + bool(r.exact), k[1] + 1
+        ratios.setdefault(kind, []).append(t / f)
     median = statistics.median(per_prompt)
     cal = engine.calibration_seconds
     accepted = [q.distance for q in positions if q.token is not None]
@@ -207,6 +210,7 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V) -> dict:
         time_capped=sum(r.status == "failed" and "time cap" in r.message for r in res),
         seconds_per_prompt_median=round(median, 4), forward_seconds_median=round(statistics.median(fwd), 4),
         ratio_to_forward=round(median / statistics.median(fwd), 3),
+        ratio_by_kind={k: dict(median=round(statistics.median(v), 3), max=round(max(v), 3)) for k, v in ratios.items()},
         candidates_verified_per_position=round(sum(tried) / len(tried), 3),
         vocab_verified_pct=round(100 * sum(tried) / len(tried) / V, 5),
         candidates_scored_per_position=round(statistics.mean(_scored_per_position(name, V, r) for r in res), 1),
