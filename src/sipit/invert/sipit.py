@@ -8,7 +8,9 @@ tap, so a policy can make inversion slow but never wrong.
 
 Two things make it fast:
 - **speculation**: a policy may guess every remaining position at once. One pass of the guessed
-  continuation on the verified prefix verifies every position before the first mismatch.
+  continuation on the verified prefix verifies every position before the first mismatch; its states
+  after the mismatch (computed with one wrong token in their context) go back to the policy, which
+  may revise its guesses there (Policy.revise) before the next pass.
 - **search with lookahead**: at a mismatch the policy's best few candidates are evaluated each
   followed by the guessed continuation, so the pass that fixes position t also verifies what
   follows. Later batches (candidates only) follow the policy's ranking and then, if it runs out,

@@ -58,8 +58,9 @@ class Learned(Policy):
 
     def revise(self, t, ids, states):
         """States of the guesses at t.. computed after a wrong guess before t: their re-ranked top-1s
-        replace the guesses there (SmolLM2 ℓ = 15, held-out prompts: of the later guesses that were
-        wrong, half became right and no right one turned wrong; ℓ = 30: a quarter, and 1% turned wrong)."""
+        replace the guesses there (SmolLM2, the seed-5 bench prompts of four sources: at ℓ = 15, 7 of 14
+        later wrong guesses became right and none of 158 right ones turned wrong; at ℓ = 30, 15 of 61
+        and 3 of 173)."""
         if t < len(self.guess) and len(ids):
             self.guess[t:t + len(ids)] = self.ranker.revised(self.target, t, ids, states, self.prior)
 
