@@ -48,7 +48,7 @@ def cmd_capture(args):
     lm = load_model(args.model, precision=args.precision, device=args.device)
     if args.layer is None and spec.kind not in ("logits", "logprobs"):
         raise SipitError(f"--surface {args.surface} needs --layer")
-    layer = lm.n_layers if spec.kind in ("logits", "logprobs") else lm.layer_index(args.layer)
+    layer = lm.layer_index(-1 if spec.kind in ("logits", "logprobs") else args.layer)
     final_norm = spec.kind in ("logits", "logprobs") or args.final_norm
     ids = _prompts(lm, args)
     t = time.perf_counter()

@@ -101,3 +101,16 @@ def test_one_pass_observes_every_tap_as_it_does_alone(tiny_lm):
     ids = ids_of(tiny_lm, n=3, T=7)
     for tap, got in zip(taps, run_taps(tiny_lm, taps, ids)):
         assert torch.allclose(got, tap.states(ids), rtol=1e-5, atol=1e-6), tap
+
+
+def test_logits_need_the_last_block_loaded():
+    """A load cut below the last block has no logits: the logits tap says so instead of reading the
+    last *loaded* block as if the LM head read it."""
+    import pytest
+
+    from sipit.models import ModelError, load_model
+
+    lm = load_model("random:gpt2", max_layer=2)
+    with pytest.raises(ModelError, match="not loaded"):
+        logits_tap(lm)
+    assert logits_tap(load_model("random:gpt2", max_layer=12)).layer == 12

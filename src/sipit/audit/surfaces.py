@@ -58,8 +58,8 @@ def parse_surface(lm: LM, text: str, layers: list[int]) -> SurfaceSpec:
     spec = SurfaceSpec.parse(text)
     if spec.kind == "kv" and 0 in layers:
         raise SipitError("the kv surface has no layer 0: layer ℓ ≥ 1 means block ℓ's cache (HF layers[ℓ-1])")
-    if spec.kind == "logits" and layers != [lm.n_layers]:
-        raise SipitError(f"the logits surface is at the last layer only: use --layers default or {lm.n_layers}")
+    if spec.kind == "logits" and layers != [lm.layer_index(-1)]:
+        raise SipitError(f"the logits surface is at the last layer only: use --layers default or {lm.depth}")
     if spec.kind == "projection" and spec.k > lm.d_model:
         raise SipitError(f"surface {text!r}: k={spec.k} exceeds the model's d_model={lm.d_model}")
     return spec
@@ -175,7 +175,7 @@ def make_surface(lm: LM, spec: SurfaceSpec, layer: int, prompts: list[list[int]]
         head = lm.model.get_output_embeddings()
         Q, R = torch.linalg.qr(head.weight.double().cpu())  # [V, d], [d, d]
         bias = None if getattr(head, "bias", None) is None else head.bias.double().cpu()
-        return Surface(name, "logits", lm, ProjectedTap(lm, lm.n_layers, R.float(), final_norm=True), LEAKS["logits"],
+        return Surface(name, "logits", lm, ProjectedTap(lm, lm.layer_index(-1), R.float(), final_norm=True), LEAKS["logits"],
                        Q=Q, bias=bias)
     return Surface(name, "states", lm, LayerTap(lm, layer), LEAKS["states"].format(layer=layer))
 

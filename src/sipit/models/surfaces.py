@@ -160,8 +160,9 @@ def logit_softcap(lm: LM) -> float | None:
 
 
 def logits_tap(lm: LM) -> LayerTap:
-    """The tap a logits surface is compared through: the final-normed states at layer L."""
-    return LayerTap(lm, lm.n_layers, final_norm=True)
+    """The tap a logits surface is compared through: the final-normed states at layer L (a load cut
+    below L raises ModelError: its last loaded block is not the one the LM head reads)."""
+    return LayerTap(lm, lm.layer_index(-1), final_norm=True)
 
 
 @torch.no_grad()
