@@ -294,3 +294,14 @@ def test_audit_ray_equals_local(lm, ray_engine, tmp_path, monkeypatch):
     assert stable(read_json(tmp_path / "ray" / "report.json")) == stable(read_json(tmp_path / "local" / "report.json"))
     assert [c["defense"] for c in got["cells"]] == ["none", "noise:0.5"] * 2 and len(want["layers"]) == 2
     assert len(list((tmp_path / "ray" / "cells").rglob("*.json"))) == 8  # 2 layers × (geometry, robustness, 2 cells)
+
+
+def test_a_worker_loads_the_drivers_cut_model():
+    """A driver that loaded blocks 1..2 of a 12-block model sends max_layer with the model: a worker
+    loads the same cut (same fingerprint) instead of the whole model (which fails the check)."""
+    lm = load_model("random:gpt2", max_layer=2)
+    ref = engines.ModelRef.of(lm)
+    assert ref.max_layer == 2 and engines.ModelRef.of(load_model("random:gpt2")).max_layer is None
+    engines._MODELS.pop(ref)  # as in a fresh worker process
+    worker = engines.worker_model(ref)
+    assert worker is not lm and worker.n_layers == 2 and worker.fingerprint == lm.fingerprint

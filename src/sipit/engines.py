@@ -39,10 +39,12 @@ class ModelRef:
     precision: str
     device: str
     fingerprint: str
+    max_layer: int | None = None  # the driver loaded blocks 1..max_layer only (load_model(max_layer=))
 
     @classmethod
     def of(cls, lm) -> "ModelRef":
-        ref = cls(lm.name, lm.precision, str(lm.device), lm.fingerprint)
+        ref = cls(lm.name, lm.precision, str(lm.device), lm.fingerprint,
+                  lm.n_layers if lm.n_layers < lm.depth else None)
         _MODELS[ref] = lm  # the driver's own tasks (local engine) use the loaded model
         return ref
 
@@ -55,7 +57,7 @@ def worker_model(ref: ModelRef):
     if ref not in _MODELS:
         from .models import load_model
 
-        lm = load_model(ref.spec, precision=ref.precision, device=ref.device)
+        lm = load_model(ref.spec, precision=ref.precision, device=ref.device, max_layer=ref.max_layer)
         if lm.fingerprint != ref.fingerprint:
             raise SipitError(f"a worker loaded {ref.spec!r} with fingerprint {lm.fingerprint}, the driver's "
                              f"is {ref.fingerprint}: install the same weights on every node")
