@@ -35,9 +35,12 @@ class Certifier:
             if q.token is None:
                 continue
             known = evaluated.setdefault(t, {})
+            bounds = policy.lower_bounds(t) if policy is not None else None
+            if bounds is None and not self.top and q.token not in self.near:  # nothing more to evaluate
+                self.certificate(q, known, None)
+                continue
             skip = torch.zeros(V, dtype=torch.bool)
             skip[self.dups.members(q.token) + list(known)] = True
-            bounds = policy.lower_bounds(t) if policy is not None else None
             if bounds is not None:
                 bounds = bounds.cpu()
                 skip |= bounds > self.eps  # soundly excluded already
