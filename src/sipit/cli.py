@@ -170,6 +170,7 @@ def add_model(parser, default="smollm2"):
 
 def build_parser() -> argparse.ArgumentParser:
     from .engines import add_engine_options
+    from .invert.learned.cli import add_calibrate_parser, add_calibration_option
 
     p = argparse.ArgumentParser(prog="sipit", allow_abbrev=False, description="Invert language-model hidden states and test injectivity.")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
@@ -221,8 +222,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default=None)
     s.add_argument("--text", default=DEMO_TEXT)
     s.add_argument("--out", default="out", help="directory for the demo's files (default ./out)")
-    from .invert.learned.cli import add_calibration_option
-
     # fast: a fresh machine's first run calibrates in well under a minute (full: the sharper ranker)
     add_calibration_option(s, default="fast")
     s.set_defaults(fn=cmd_demo)
@@ -264,8 +263,6 @@ def build_parser() -> argparse.ArgumentParser:
     from .lab.cli import add_lab_parser
 
     add_lab_parser(sub)
-
-    from .invert.learned.cli import add_calibrate_parser
 
     add_calibrate_parser(sub, add_model)
 

@@ -175,8 +175,8 @@ def make_surface(lm: LM, spec: SurfaceSpec, layer: int, prompts: list[list[int]]
         head = lm.model.get_output_embeddings()
         Q, R = torch.linalg.qr(head.weight.double().cpu())  # [V, d], [d, d]
         bias = None if getattr(head, "bias", None) is None else head.bias.double().cpu()
-        return Surface(name, "logits", lm, ProjectedTap(lm, lm.layer_index(-1), R.float(), final_norm=True), LEAKS["logits"],
-                       Q=Q, bias=bias)
+        tap = ProjectedTap(lm, lm.layer_index(-1), R.float(), final_norm=True)
+        return Surface(name, "logits", lm, tap, LEAKS["logits"], Q=Q, bias=bias)
     return Surface(name, "states", lm, LayerTap(lm, layer), LEAKS["states"].format(layer=layer))
 
 

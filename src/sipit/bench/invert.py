@@ -13,8 +13,8 @@ output; their ratio is per position × length, marked `extrapolated`), each with
 also gives its numbers on that same subset (`on_slow_subset`), for a like-for-like comparison.
 
 Reported per policy: the ratio to the forward pass overall (median seconds ÷ median forward) and
-per text source (median and max of each prompt's seconds ÷ its own forward), candidates *verified* by a forward pass (the paper's metric) and candidates
-*scored* (the learned policy scores the whole vocabulary at every position; the gradient policy
+per text source (median and max of each prompt's seconds ÷ its own forward), candidates *verified*
+by a forward pass (the paper's metric) and candidates *scored* (the learned policy scores the whole vocabulary at every position; the gradient policy
 ranks the whole vocabulary at every snap), one-time calibration seconds and the amortised cost per
 prompt (calibration ÷ N + inversion, N = 1, 100, 10,000), the share of certified positions, ε and
 its headroom, and the cost of `certify` modes (extra seconds per prompt). The learned policy also

@@ -44,7 +44,8 @@ def screen_dtype(device: torch.device) -> torch.dtype:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     if device.type == "cpu":
-        native = any(getattr(torch.cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+        checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private, so looked up with a default
+        native = any(getattr(torch.cpu, f, lambda: False)() for f in checks)
         return torch.bfloat16 if native else torch.float32
     return torch.float32
 

@@ -3,8 +3,8 @@
 A surface is a *tap* (LayerTap's interface: `states`, `prefill`, `extend`, ... return observations
 [B, T, dim] instead of states [B, T, d]) plus `dim` (size of one observed vector), `key` (a
 string naming what is observed, the cache key of anything fitted on it) and `blocks_read` (the
-blocks its observations depend on: the weights part of that key, LayerTap's for every surface here). SipIt compares a
-candidate's observation with the leaked one exactly as it compares states; it never learns which
+blocks its observations depend on: the weights part of that key, LayerTap's for every surface
+here). SipIt compares a candidate's observation with the leaked one exactly as it compares states; it never learns which
 surface it runs on.
 
 - LayerTap:     the states themselves (g = identity), optionally after the final norm (tap.py).

@@ -36,6 +36,7 @@ class LinearRanker:
         # the screens in the screening dtype (bfloat16 where native: 3x faster, and only orders candidates;
         # exact scores, position 0's bounds and the LM gate stay float32)
         self.low = low or screen_dtype(cal.P.device)
+        self.exact_screen = cal.p_basis.shape[1] == cal.P.shape[1]  # full rank: screens score exactly
         self.p_proj_low = cal.p_proj.to(self.low)
         self.u_proj_low = cal.u_proj.to(self.low) if cal.u_proj is not None else None
 
@@ -75,7 +76,7 @@ class LinearRanker:
     def screen(self, r: Tensor) -> Tensor:
         """Top-1 by the screened scores: context residuals r [n, d] -> ids [n]."""
         c = self.cal
-        if c.p_basis.shape[1] == c.P.shape[1]:  # full rank: score exactly
+        if self.exact_screen:
             return (2 * r @ c.P.T - self.gain * c.P_sq).argmax(1)
         approx = 2 * self._in_screen(r, c.p_basis, self.p_proj_low) - self.gain * c.P_sq  # [n, V]
         top = approx.topk(min(self.screen_top, approx.shape[1]), dim=1).indices  # [n, m]
@@ -168,7 +169,7 @@ class LinearRanker:
         [V, r] screen instead of the [V, d] P is what a search batch's ranking costs (SmolLM2 ℓ = 15:
         r = 128 of d = 576); rankings are read no deeper than EXACT_TOP before the loop's last batches. [V]"""
         c = self.cal
-        if c.p_basis.shape[1] == c.P.shape[1]:
+        if self.exact_screen:
             return 2 * g * (c.P @ y) - g * g * c.P_sq
         s = 2 * g * self._in_screen(y[None], c.p_basis, self.p_proj_low)[0] - g * g * c.P_sq
         top = s.topk(min(EXACT_TOP, len(s))).indices
