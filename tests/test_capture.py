@@ -30,6 +30,7 @@ def invert(path, capsys, *args):
     ("kv:keys", "1", "fp32"), ("kv:values", "-1", "fp32"), ("kv", "2", "int8-row"), ("logits", None, "fp32"),
     ("logprobs", None, "fp32"), ("projection:8", "2", "fp32"), ("projection:6:coords", "1", "fp32"),
     ("projection:10:pca", "-1", "fp16"), ("states", "2", "fp8"), ("states", "3", "int8"), ("states", "2", "bf16"),
+    ("permuted", "2", "fp32"), ("permuted", "-1", "int8-row"),
 ])
 def test_every_surface_round_trips_exactly(tmp_path, capsys, surface, layer, storage):
     out = capture(tmp_path, "--surface", surface, "--storage", storage, *(["--layer", layer] if layer else []))
@@ -38,6 +39,8 @@ def test_every_surface_round_trips_exactly(tmp_path, capsys, surface, layer, sto
     assert (st.error is not None) == (storage != "fp32")
     code, io = invert(out, capsys)
     assert code == 0 and io.out.count("-> exact") == 2, io.out
+    if surface == "permuted":  # fp32: both prompts' first positions pin π; int8 rounding leaves pairs open (sorted)
+        assert ("permutation is pinned" in io.err) == (storage == "fp32"), io.err
     tol = json.loads(out.with_suffix(".results.summary.json").read_text())["tolerance"]
     assert tol["source"] == "measured" and tol["eps"] > tol["observation_error"]  # measured noise + the file's error
     assert (tol["observation_error"] > 0) == (storage != "fp32" or surface in ("logits", "logprobs"))

@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +18,7 @@ from torch import Tensor
 from .io import SipitError
 from .models import LM, LayerTap
 
-SURFACES_HELP = "states | kv[:keys|values|both] | logits | logprobs | projection:K[:gaussian|pca|coords]"
+SURFACES_HELP = "states | kv[:keys|values|both] | logits | logprobs | projection:K[:gaussian|pca|coords] | permuted"
 
 
 @torch.no_grad()
@@ -47,7 +49,7 @@ def _batches(lm: LM, prompts: list[list[int]], batch_size: int):
 
 @dataclass
 class SurfaceSpec:
-    """A parsed --surface: kind (states|kv|logits|logprobs|projection), kv part, projection k and kind."""
+    """A parsed --surface: kind (states|kv|logits|logprobs|projection|permuted), kv part, projection k and kind."""
 
     kind: str
     part: str = "both"
@@ -58,7 +60,7 @@ class SurfaceSpec:
     def parse(cls, text: str) -> "SurfaceSpec":
         kind, *rest = text.split(":")
         try:
-            if kind in ("states", "logits", "logprobs") and not rest:
+            if kind in ("states", "logits", "logprobs", "permuted") and not rest:
                 return cls(kind)
             if kind == "kv" and len(rest) <= 1 and (not rest or rest[0] in ("keys", "values", "both")):
                 return cls(kind, part=rest[0] if rest else "both")
@@ -72,14 +74,19 @@ class SurfaceSpec:
 @torch.no_grad()
 def capture_surface(lm: LM, prompts: list[list[int]], spec: SurfaceSpec, layer: int, final_norm: bool = False,
                     seed: int = 0, batch_size: int = 16) -> tuple[dict[str, Tensor], dict]:
-    """The surface's tensors for the prompts, batched and zero-padded (states.pad), plus metadata."""
+    """The surface's tensors for the prompts, batched and zero-padded (states.pad), plus metadata.
+    seed: the projection's, or the permutation's (`permuted`: one seeded π of the hidden dimensions
+    for every state, not written to the file)."""
     from .models.surfaces import KVTap, random_projection
     from .states import pad
 
-    if spec.kind in ("states", "projection"):
+    if spec.kind in ("states", "projection", "permuted"):
         states = capture(lm, prompts, layer, final_norm, batch_size)
         if spec.kind == "states":
             return {"hidden_states": pad(states)}, {}
+        if spec.kind == "permuted":
+            perm = torch.randperm(lm.d_model, generator=torch.Generator().manual_seed(seed))
+            return {"hidden_states": pad([s.cpu()[:, perm] for s in states])}, {}
         P = random_projection(lm.d_model, spec.k, spec.projection, seed, torch.cat(states).cpu())
         return {"projected": pad([s.cpu() @ P.T for s in states]), "projection": P}, {"projection_kind": spec.projection}
     if spec.kind == "kv":
@@ -132,7 +139,8 @@ def open_surface(lm: LM, st, layer: int, final_norm: bool):
     measured ε (InvertConfig.observation_error); 0.0 for plain float observations."""
     from .invert.verify import UNIT_ROUNDOFF
     from .models import LayerTap
-    from .models.surfaces import KVTap, ProjectedTap, logits_error, logits_tap, normed_states_from_logits
+    from .models.surfaces import (KVTap, ProjectedTap, SortedTap, logits_error, logits_tap, normed_states_from_logits,
+                                  recover_permutation)
 
     prompts = [p.to(lm.device) for p in st.prompts]
     if st.surface == "kv":
@@ -148,6 +156,17 @@ def open_surface(lm: LM, st, layer: int, final_norm: bool):
         return logits_tap(lm), states, logits_error(lm, error)
     if st.surface == "projection":
         return ProjectedTap(lm, layer, st.projection, final_norm), prompts, st.error or 0.0
+    if st.surface == "permuted":
+        start = time.perf_counter()
+        perm = recover_permutation(LayerTap(lm, layer, final_norm), prompts)
+        if perm is not None:  # undo π: the states themselves, inverted like any states file
+            inverse = perm.argsort().to(lm.device)
+            print(f"sipit: the hidden-dimension permutation is pinned by the prompts' first positions "
+                  f"({time.perf_counter() - start:.1f}s); inverting the unpermuted states", file=sys.stderr)
+            return LayerTap(lm, layer, final_norm), [p[:, inverse] for p in prompts], st.error or 0.0
+        print("sipit: the prompts' first positions leave the permutation open; comparing sorted states "
+              "(exact, slower ranking)", file=sys.stderr)  # sorting keeps a storage bound (1-Lipschitz)
+        return SortedTap(lm, layer, final_norm), [p.sort(-1).values for p in prompts], st.error or 0.0
     if st.meta.get("centred") == "true":  # TransformerLens' default processing: compare after centring
         d = lm.d_model
         return ProjectedTap(lm, layer, torch.eye(d) - 1.0 / d, final_norm), prompts, st.error or 0.0

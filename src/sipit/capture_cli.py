@@ -81,6 +81,6 @@ def add_capture_parser(sub, add_model) -> None:
     src.add_argument("--corpus", help="corpus spec NAME:N,... as for `collisions` (e.g. prose:10,random:5)")
     src.add_argument("--ids", help="file of token ids: one whitespace- or comma-separated list per line")
     s.add_argument("--length", type=int, default=20, help="--corpus: tokens per prompt (default 20)")
-    s.add_argument("--seed", type=int, default=0, help="--corpus sampling and projection seed")
+    s.add_argument("--seed", type=int, default=0, help="--corpus sampling, projection and permutation seed")
     s.add_argument("-o", "--output", required=True, help="output .safetensors file")
     s.set_defaults(fn=cmd_capture)

@@ -11,6 +11,8 @@ batched file have different lengths: positions past a prompt's length are paddin
                                                                cache = past_key_values.layers[ℓ-1])
     logits      logits [B, T, V] or [T, V]  (logprobs: log-softmax, surface "logprobs")
     projection  projected [B, T, k] or [T, k] + projection [k, d]  states @ Pᵀ
+    permuted    hidden_states [B, T, d] or [T, d], hidden dimensions   sort(state): π is not needed
+                permuted by one unknown π
 
 Any observation tensor may be stored in low precision (storage.py: metadata `storage`, codes in
 NAME, scales in NAME.scale); its ε then comes from the format. `.npy` (no pickles) and `.pt`
@@ -30,7 +32,8 @@ from .io import SipitError, atomic_write
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 SURFACE_TENSORS = {"states": ("hidden_states",), "kv": ("keys", "values"), "logits": ("logits",),
-                   "logprobs": ("logprobs",), "projection": ("projected",)}
+                   "logprobs": ("logprobs",), "projection": ("projected",),
+                   "permuted": ("hidden_states",)}
 
 
 class StatesError(SipitError):
@@ -49,7 +52,7 @@ class States:
     tokenizer: str | None = None
     ids: list[list[int]] | None = None  # ground truth, when the file has it
     meta: dict = field(default_factory=dict)  # every metadata string, as stored
-    surface: str = "states"  # states | kv | logits | logprobs | projection
+    surface: str = "states"  # states | kv | logits | logprobs | projection | permuted
     part: str | None = None  # kv: keys | values | both
     kv_heads: tuple[int, int] | None = None  # kv: (n_kv_heads, head_dim) as stored
     projection: Tensor | None = None  # projection: P [k, d]

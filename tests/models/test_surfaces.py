@@ -5,7 +5,7 @@ import torch
 from sipit.invert import InvertConfig, invert
 from sipit.models import ModelError
 from sipit.models import LayerTap
-from sipit.models.surfaces import (KVTap, ProjectedTap, kv_observation, logits_error, logits_tap,
+from sipit.models.surfaces import (KVTap, ProjectedTap, SortedTap, kv_observation, logits_error, logits_tap,
                                    normed_states_from_logits, random_projection)
 
 EXHAUSTIVE = InvertConfig(policy="exhaustive")
@@ -68,6 +68,19 @@ def test_projection_shape_checked(tiny_lm):
         ProjectedTap(tiny_lm, 1, torch.randn(4, tiny_lm.d_model + 1))
 
 
+def test_permuted_states_invert_through_sorting(tiny_lm):
+    """States whose hidden dimensions went through an unknown permutation: compared sorted, they
+    invert exactly without π; a wrong layer still fails."""
+    ids = ids_of(tiny_lm)
+    states = LayerTap(tiny_lm, 2).states(ids)
+    permuted = states[..., torch.randperm(tiny_lm.d_model, generator=torch.Generator().manual_seed(7))]
+    tap = SortedTap(tiny_lm, 2)
+    assert tap.key == "sorted:L2" and torch.equal(tap.states(ids), permuted.sort(-1).values)
+    assert_exact(tiny_lm, permuted.sort(-1).values, tap, ids)
+    r = invert(tiny_lm, permuted.sort(-1).values, 3, EXHAUSTIVE, tap=SortedTap(tiny_lm, 3), progress=False)
+    assert all(p.status == "failed" for p in r.prompts)
+
+
 @pytest.mark.parametrize("logprobs", [False, True])
 def test_logits_recover_normed_states_and_invert(tiny_lm, logprobs):
     ids = ids_of(tiny_lm)
@@ -114,3 +127,14 @@ def test_logits_need_the_last_block_loaded():
     with pytest.raises(ModelError, match="not loaded"):
         logits_tap(lm)
     assert logits_tap(load_model("random:gpt2", max_layer=12)).layer == 12
+
+
+def test_permutation_recovered_from_first_positions(tiny_lm):
+    """Several prompts' first positions pin π: unpermuting gives the states back exactly."""
+    from sipit.models.surfaces import recover_permutation
+
+    ids = ids_of(tiny_lm, n=6, T=5, seed=4)
+    states = LayerTap(tiny_lm, 2).states(ids)
+    perm = torch.randperm(tiny_lm.d_model, generator=torch.Generator().manual_seed(5))
+    got = recover_permutation(LayerTap(tiny_lm, 2), list(states[..., perm]))
+    assert got is not None and torch.equal(got, perm)

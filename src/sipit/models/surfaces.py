@@ -12,6 +12,8 @@ surface it runs on.
                 by stopping the forward right after block ℓ's attention wrote its cache: blocks
                 above ℓ and block ℓ's MLP never run.
 - ProjectedTap: states @ Pᵀ for a known projection P [k, d].
+- SortedTap:    each state's coordinates in ascending order: what states whose hidden dimensions went
+                through an unknown permutation (the same for every position) still determine.
 - logits:       logits = softcap(W·norm(h_L) + b) with W [V, d] of full column rank determine
                 norm(h_L); `normed_states_from_logits` recovers them once per file (least squares in
                 float64) and the surface is LayerTap(L, final_norm=True) with its own ε.
@@ -55,6 +57,64 @@ class ProjectedTap(LayerTap):
 
     def from_pass(self, states, cache) -> Tensor:
         return super().from_pass(states, cache) @ self.projection.T
+
+
+class SortedTap(LayerTap):
+    """sort(h): the state's d coordinates in ascending order, [B, T, d].
+
+    States leaked with their hidden dimensions permuted by an unknown π (Hidden No More's setting)
+    are compared through what π cannot change: sort(h ∘ π) = sort(h). Sorting is 1-Lipschitz in
+    the L2 norm (‖sort(a) − sort(b)‖ ≤ ‖a − b‖), so the true token's distance stays within the
+    states' ε; a wrong token passes only if its state is a near-permutation of the observed one.
+    Weaker than knowing π is shared by all positions, and needs no π."""
+
+    plain_states = False
+
+    @property
+    def key(self) -> str:
+        return "sorted:" + super().key
+
+    def _run(self, **kw) -> Tensor:
+        return super()._run(**kw).sort(-1).values
+
+    def from_pass(self, states, cache) -> Tensor:
+        return super().from_pass(states, cache).sort(-1).values
+
+
+@torch.no_grad()
+def recover_permutation(tap: LayerTap, observed: list[Tensor], chunk: int = 1024) -> Tensor | None:
+    """The hidden-dimension permutation of permuted states, from the first position of every prompt,
+    or None where those positions do not pin it. observed: per prompt [T_i, d] = states[:, π].
+
+    Position 0 depends on its token only: the token whose sorted position-0 state is closest to the
+    sorted observation is found among all V (one forward of the vocabulary through the tap's
+    blocks), and its unsorted state says where each observed coordinate came from. Coordinates are
+    matched greedily on their values across the prompts ([d, B] features); the match is kept only
+    if every coordinate's runner-up is ≥ 10× farther than the worst accepted match (with one prompt,
+    near-equal values often leave pairs open: then None, and SortedTap compares without π).
+    -> perm [d] with observed[..., i] == states[..., perm[i]], or None."""
+    first = torch.stack([o[0] for o in observed]).float().cpu()  # [B, d]
+    ids = torch.arange(tap.lm.vocab_size, device=tap.lm.device)
+    best = torch.full((len(first),), float("inf"), dtype=torch.float64)
+    x0 = torch.zeros_like(first)
+    want = first.sort(-1).values.double()
+    for start in range(0, len(ids), chunk):
+        h = tap.states(ids[start:start + chunk, None])[:, 0].float().cpu()  # [n, d]
+        d = torch.cdist(want, h.sort(-1).values.double())  # [B, n]
+        m, j = d.min(1)
+        better = m < best
+        best[better], x0[better] = m[better], h[j[better]]
+    cost = torch.cdist(first.T.double(), x0.T.double())  # [d, d]: observed coordinate i vs state coordinate j
+    perm = torch.full((cost.shape[0],), -1, dtype=torch.long)
+    used = torch.zeros(cost.shape[1], dtype=torch.bool)
+    for flat in cost.flatten().argsort().tolist():  # greedy: closest pairs first
+        i, j = divmod(flat, cost.shape[1])
+        if perm[i] < 0 and not used[j]:
+            perm[i], used[j] = j, True
+    matched = cost.gather(1, perm[:, None])[:, 0]
+    runner_up = cost.scatter(1, perm[:, None], float("inf")).min(1).values
+    worst = float(matched.max()) + 1e-12 * float(first.abs().max())
+    return perm if bool((runner_up > 10 * worst).all()) else None
 
 
 class KVTap(LayerTap):
