@@ -100,8 +100,10 @@ def test_bad_surface_files_fail_clearly(tmp_path, capsys):
     rewrite(proj, drop=("projection",))
     logits = capture(tmp_path, "--surface", "logits", name="l.safetensors")
     rewrite(logits, logits=load_file(logits)["logits"][..., :200].contiguous())  # truncated vocabulary
+    perm = capture(tmp_path, "--surface", "permuted", "--layer", "2", name="perm.safetensors")
+    rewrite(perm, hidden_states=load_file(perm)["hidden_states"][..., :-1].contiguous())  # another model's width
     for path, msg in [(kv, "wrong model or layout"), (kv_t, "HF's layout"), (proj, "without the projection matrix"),
-                      (logits, "truncated vocabulary")]:
+                      (logits, "truncated vocabulary"), (perm, "dimensions per position")]:
         code, io = invert(path, capsys)
         assert code == 2 and msg in io.err and io.err.count("\n") == 1 and "recovered" not in io.out
 

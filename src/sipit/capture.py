@@ -157,6 +157,9 @@ def open_surface(lm: LM, st, layer: int, final_norm: bool):
     if st.surface == "projection":
         return ProjectedTap(lm, layer, st.projection, final_norm), prompts, st.error or 0.0
     if st.surface == "permuted":
+        if prompts[0].shape[-1] != lm.d_model:
+            raise SipitError(f"permuted states have {prompts[0].shape[-1]} dimensions per position, {lm.name} has "
+                             f"{lm.d_model}: wrong model?")
         start = time.perf_counter()
         perm = recover_permutation(LayerTap(lm, layer, final_norm), prompts)
         if perm is not None:  # undo π: the states themselves, inverted like any states file
