@@ -110,3 +110,24 @@ def test_revised_guesses_anchor_each_position_on_the_state_given_for_it(lm, rank
     seen = torch.stack([target[4], tap.extend(tap.prefill(ids[:5]), wrong[5:6])[0].float(), target[6]])
     new = ranker.revised(target, 4, wrong[4:7], seen, False)
     assert new.tolist() == ids[4:7].tolist()
+
+
+def test_screens_in_row_blocks_give_what_one_product_gives(lm, ranker, monkeypatch):
+    """screen and screen_prior split many residuals into SCREEN_ROWS-row products (cache-sized
+    temporaries); the top-1 ids are those of one product over all rows."""
+    import copy
+
+    from sipit.invert.learned import ranker as module
+
+    c = copy.copy(ranker.cal)
+    c.p_basis = ranker.cal.p_basis[:, :8].contiguous()  # a low-rank screen: the screened path
+    c.p_proj = (c.P @ c.p_basis).contiguous()
+    c.u_basis, c.lm_weight = torch.eye(c.P.shape[1]), 5.0  # an LM prior, as at the last layer
+    c.u_proj = ranker.unembed if ranker.unembed is not None else lm.unembedding_rows().float()
+    low = LinearRanker(c, LayerTap(lm, 2), low=torch.float32)
+    low.unembed = c.u_proj
+    g = torch.Generator().manual_seed(3)
+    r, n = torch.randn(37, c.P.shape[1], generator=g), torch.randn(37, c.P.shape[1], generator=g)
+    whole = low.screen(r), low.screen_prior(r, n)
+    monkeypatch.setattr(module, "SCREEN_ROWS", 5)
+    assert torch.equal(low.screen(r), whole[0]) and torch.equal(low.screen_prior(r, n), whole[1])
