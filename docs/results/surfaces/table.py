@@ -18,13 +18,15 @@ def rows(run_dir: Path):
 
 def main(run_dir: str) -> None:
     print("| model | file (surface, layer) | observed | prompts | exact | ok / ambiguous / failed | eps | "
-          "s / prompt (median, mean) | candidates / position | calibration s (its share of the shared pass) |")
+          "s / prompt (median, mean, max) | candidates / position | calibration s (its share of the shared pass) |")
     print("|---|---|---|---:|---:|---|---:|---|---:|---:|")
     for model, name, s in rows(Path(run_dir)):
         exact = round(s["exact_match_rate"] * s["prompts"]) if s["exact_match_rate"] is not None else "?"
+        per_prompt = Path(run_dir) / model / f"{name}.results.jsonl"
+        slowest = max(json.loads(line)["seconds"] for line in per_prompt.read_text().splitlines() if line.strip())
         print(f"| {model} | {name} | {s['tap']} | {s['prompts']} | {exact} | {s['ok']} / {s['ambiguous']} / "
-              f"{s['failed']} | {s['eps']:.3g} | {s['seconds_per_prompt_median']}, {s['seconds_per_prompt_mean']} | "
-              f"{s['candidates_per_position']} | {s['calibration_seconds']} |")
+              f"{s['failed']} | {s['eps']:.3g} | {s['seconds_per_prompt_median']}, {s['seconds_per_prompt_mean']}, "
+              f"{slowest:.1f} | {s['candidates_per_position']} | {s['calibration_seconds']} |")
 
 
 if __name__ == "__main__":
