@@ -11,8 +11,8 @@ batched file have different lengths: positions past a prompt's length are paddin
                                                                cache = past_key_values.layers[ℓ-1])
     logits      logits [B, T, V] or [T, V]  (logprobs: log-softmax, surface "logprobs")
     projection  projected [B, T, k] or [T, k] + projection [k, d]  states @ Pᵀ
-    permuted    hidden_states [B, T, d] or [T, d], hidden dimensions   sort(state): π is not needed
-                permuted by one unknown π
+    permuted    hidden_states [B, T, d] or [T, d], hidden dimensions   the state, π recovered from the
+                permuted by one unknown π                      first positions; else sort(state)
 
 Any observation tensor may be stored in low precision (storage.py: metadata `storage`, codes in
 NAME, scales in NAME.scale); its ε then comes from the format. `.npy` (no pickles) and `.pt`
