@@ -26,7 +26,7 @@ def main(run_dir: str) -> None:
         slowest = max(json.loads(line)["seconds"] for line in per_prompt.read_text().splitlines() if line.strip())
         print(f"| {model} | {name} | {s['tap']} | {s['prompts']} | {exact} | {s['ok']} / {s['ambiguous']} / "
               f"{s['failed']} | {s['eps']:.3g} | {s['seconds_per_prompt_median']}, {s['seconds_per_prompt_mean']}, "
-              f"{slowest:.1f} | {s['candidates_per_position']} | {s['calibration_seconds']} |")
+              f"{slowest:.3g} | {s['candidates_per_position']} | {s['calibration_seconds']} |")
 
 
 if __name__ == "__main__":
