@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .load import LM, ModelError
 from .lm import attention_module
-from .tap import LayerTap, _Stop
+from .tap import LayerTap, _Stop, position0_tables
 
 KV_PARTS = ("keys", "values", "both")
 
@@ -82,7 +82,7 @@ class SortedTap(LayerTap):
 
 
 @torch.no_grad()
-def recover_permutation(tap: LayerTap, observed: list[Tensor], chunk: int = 1024) -> Tensor | None:
+def recover_permutation(tap: LayerTap, observed: list[Tensor]) -> Tensor | None:
     """The hidden-dimension permutation of permuted states, from the first position of every prompt,
     or None where those positions do not pin it. observed: per prompt [T_i, d] = states[:, π].
 
@@ -96,16 +96,9 @@ def recover_permutation(tap: LayerTap, observed: list[Tensor], chunk: int = 1024
     tiny model.
     -> perm [d] with observed[..., i] == states[..., perm[i]], or None."""
     first = torch.stack([o[0] for o in observed]).float().cpu()  # [B, d]
-    ids = torch.arange(tap.lm.vocab_size, device=tap.lm.device)
-    best = torch.full((len(first),), float("inf"), dtype=torch.float64)
-    x0 = torch.zeros_like(first)
-    want = first.sort(-1).values.double()
-    for start in range(0, len(ids), chunk):
-        h = tap.states(ids[start:start + chunk, None])[:, 0].float().cpu()  # [n, d]
-        d = torch.cdist(want, h.sort(-1).values.double())  # [B, n]
-        m, j = d.min(1)
-        better = m < best
-        best[better], x0[better] = m[better], h[j[better]]
+    table = position0_tables(lambda ids: [tap.states(ids)], tap.lm.vocab_size, tap.lm.device,
+                             desc="permutation")[0].cpu()  # [V, d]
+    x0 = table[torch.cdist(first.sort(-1).values, table.sort(-1).values).argmin(1)]  # [B, d]: each first token's state
     cost = torch.cdist(first.T.double(), x0.T.double())  # [d, d]: observed coordinate i vs state coordinate j
     perm = torch.full((cost.shape[0],), -1, dtype=torch.long)
     used = torch.zeros(cost.shape[1], dtype=torch.bool)

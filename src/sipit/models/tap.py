@@ -356,6 +356,18 @@ class LayerTap:
 
 
 @torch.no_grad()
+def position0_tables(observe, V: int, device, batch: int = 1024, desc: str = "") -> list[Tensor]:
+    """Every token's observation at position 0 (it depends on that token only), for each target of
+    observe: ids [B, 1] -> one [B, 1, d] tensor per target (e.g. `run_taps` or `[tap.states(ids)]`).
+    What the learned calibration's table and the permutation search read. -> list of [V, d] float32"""
+    from tqdm import tqdm
+
+    parts = [observe(torch.arange(i, min(V, i + batch), device=device)[:, None])
+             for i in tqdm(range(0, V, batch), desc=f"{desc}: position-0 table", leave=False, disable=None)]
+    return [torch.cat([p[j][:, 0].float() for p in parts]) for j in range(len(parts[0]))]
+
+
+@torch.no_grad()
 def run_taps(lm: LM, taps: list, ids: Tensor) -> list[Tensor]:
     """Every tap's observation of ids [B, T] from one forward pass of `lm` (states, projections, KV
     caches, at any layers: blocks above the highest tap's layer never run). -> [B, T, tap.dim] per tap.

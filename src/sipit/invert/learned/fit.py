@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ...models.tap import LayerTap, run_taps
+from ...models.tap import LayerTap, position0_tables, run_taps
 from .cache import Calibration, cache_path, calibration_key, load_cached
 from .config import LearnedConfig
 from .data import calibration_ids, random_ids
@@ -96,13 +96,6 @@ def _principal_basis(rows: Tensor, k: int, center: Tensor | None = None) -> Tens
 
 
 @torch.no_grad()
-def position0_tables(observe: Observe, V: int, device, batch: int = 1024, desc: str = "") -> list[Tensor]:
-    """Every token's state at position 0, per target. -> list of [V, d]"""
-    parts = [observe(torch.arange(i, min(V, i + batch), device=device)[:, None])
-             for i in _progress(range(0, V, batch), f"calibration {desc}: position-0 table")]
-    return [torch.cat([p[j][:, 0].float() for p in parts]) for j in range(len(parts[0]))]
-
-
 def table_sample(V: int, n: int, seed: int = 3) -> Tensor:
     """Fast mode: the seeded uniform sample of token ids whose position-0 states are computed. [n]"""
     return torch.randperm(V, generator=torch.Generator().manual_seed(seed))[:n].sort().values
@@ -257,7 +250,7 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig) -> list[C
                                 cfg.ridge, desc=desc)
         tables = [None] * len(pos0)
     else:
-        tables = position0_tables(observe, lm.vocab_size, lm.device, desc=desc)
+        tables = position0_tables(observe, lm.vocab_size, lm.device, desc=f"calibration {desc}")
     ids = calibration_ids(lm, cfg.calibration_tokens, cfg.seq_len, cfg.random_fraction).to(lm.device)
     parts = _forward_models(observe, E, tables, ids, cfg.ridge, desc=desc)
     val = calibration_ids(lm, cfg.validation_rows * cfg.seq_len, cfg.seq_len, cfg.random_fraction, seed=1)
