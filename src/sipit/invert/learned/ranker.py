@@ -33,6 +33,9 @@ class LinearRanker:
         if cal.table is not None:
             self.table_err = STORE_ERR[cal.table.dtype] + 1e-5  # storage rounding + batched-pass noise
             self.t_proj_sq = (cal.t_proj.double() ** 2).sum(1)  # [V]
+            # [k, V] row-major: a product with few rows reads it 3x faster than t_proj.T's strided
+            # view (one prompt, SmolLM2, k = 128: 4.3 -> 1.4 ms on this project's 2-core CPU)
+            self.t_proj_T = cal.t_proj.T.contiguous()
         self.unembed = self.lm.unembedding_rows().float() if cal.has_prior else None
         self.gain = cal.gain
         # the screens in the screening dtype (bfloat16 where native: 3x faster, and only orders candidates;
@@ -53,7 +56,7 @@ class LinearRanker:
             return score.argmax(1), -score, None
         q = (Y.double() - c.t_mean.double()).float() @ c.t_basis  # [B, k]
         q_sq = (q.double() ** 2).sum(1, keepdim=True)  # [B, 1]
-        d_sq = self.t_proj_sq - 2 * (q @ c.t_proj.T).double() + q_sq  # ‖Π(x_v − y)‖² ≤ ‖x_v − y‖²  [B, V]
+        d_sq = self.t_proj_sq - 2 * (q @ self.t_proj_T).double() + q_sq  # ‖Π(x_v − y)‖² ≤ ‖x_v − y‖²  [B, V]
         slack = 3 * q.shape[1] * 2.0 ** -24 * (self.t_proj_sq + q_sq) + 1e-6 * self.t_proj_sq.mean()  # rounding
         dist = (d_sq - slack).clamp_min(0).sqrt()
         top = dist.topk(min(self.screen_top, dist.shape[1]), dim=1, largest=False).indices  # [B, m]
