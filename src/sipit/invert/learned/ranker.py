@@ -16,6 +16,7 @@ from torch import Tensor
 
 from ...models.device import screen_dtype
 from .cache import Calibration
+from .index import ClusterIndex
 
 STORE_ERR = {torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24}  # relative rounding of the stored table
 EXACT_TOP = 1024  # tokens per search ranking scored exactly after the low-rank screen (token_scores)
@@ -24,11 +25,14 @@ SCREEN_ROWS = 128  # residuals per screening product: a [608, V] screen (32 prom
 
 
 class LinearRanker:
-    def __init__(self, cal: Calibration, tap, screen_top: int = 64, low: torch.dtype | None = None):
+    def __init__(self, cal: Calibration, tap, screen_top: int = 64, low: torch.dtype | None = None,
+                 index: ClusterIndex | None = None):
         """tap: what the calibration observed (its LM's head and final norm serve the LM prior); low: the
         screens' dtype (default: models.device.screen_dtype; fitting passes float32, so a calibration
-        never depends on the hardware that fitted it)."""
+        never depends on the hardware that fitted it); index: screens top-1 guesses instead of the dense
+        screen (index.py: where that one costs about a full product)."""
         self.cal, self.lm, self.final_norm = cal, tap.lm, getattr(tap, "final_norm", False)
+        self.index = index
         self.screen_top = screen_top
         if cal.table is not None:
             self.table_err = STORE_ERR[cal.table.dtype] + 1e-5  # storage rounding + batched-pass noise
@@ -80,6 +84,8 @@ class LinearRanker:
 
     def screen(self, r: Tensor) -> Tensor:
         """Top-1 by the screened scores: context residuals r [n, d] -> ids [n]."""
+        if self.index is not None:
+            return self.index.top1(r, self.gain)
         if len(r) > SCREEN_ROWS:
             return torch.cat([self.screen(r[i:i + SCREEN_ROWS]) for i in range(0, len(r), SCREEN_ROWS)])
         c = self.cal
