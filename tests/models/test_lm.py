@@ -41,3 +41,15 @@ def test_fingerprint_does_not_depend_on_the_thread_count():
     finally:
         torch.set_num_threads(threads)
     assert len(prints) == 1
+
+
+@pytest.mark.parametrize("spec", ["tiny-llama", "tiny-gpt2"])
+def test_new_cache_is_empty_and_independent_of_the_template(spec):
+    """Copies of one template: a pass filling one leaves the next empty; layer types follow the config."""
+    lm = load_model(spec)
+    first = lm.new_cache()
+    lm.model(input_ids=torch.tensor([[1, 2, 3]]), past_key_values=first, use_cache=True)
+    assert first.get_seq_length() == 3 and lm.new_cache().get_seq_length() == 0
+    from transformers import DynamicCache
+
+    assert [type(x) for x in lm.new_cache().layers] == [type(x) for x in DynamicCache(config=lm.model.config).layers]

@@ -6,6 +6,8 @@ attention projections and position table live) is in this file, like tuned-lens'
 """
 from __future__ import annotations
 
+import copy
+
 import hashlib
 import json
 from contextlib import contextmanager
@@ -45,6 +47,7 @@ class LM:
     blocks: nn.ModuleList = field(init=False)
     embed: nn.Module = field(init=False)
     norm: nn.Module = field(init=False)
+    _empty_cache: object = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
         self.model.eval().requires_grad_(False)
@@ -176,6 +179,16 @@ class LM:
     def embedding_rows(self) -> Tensor:
         """Embedding rows as block 0 sees them (e.g. Gemma's √d scaling included). [V, d]"""
         return self.embed(torch.arange(self.vocab_size, device=self.device))
+
+    def new_cache(self):
+        """An empty KV cache for a forward pass (transformers' DynamicCache, its layers typed by the config:
+        sliding-window ones where the model has them), copied from one built once: building it reads
+        the config per layer (0.4 ms for SmolLM2, 0.14 ms copied), which every speculation pass paid."""
+        if self._empty_cache is None:
+            from transformers import DynamicCache
+
+            self._empty_cache = DynamicCache(config=self.model.config)
+        return copy.deepcopy(self._empty_cache)
 
     def logits(self, ids: Tensor) -> Tensor:
         """Next-token logits [B, T, V] for ids [B, T]; differentiable when grads are enabled."""

@@ -225,9 +225,7 @@ class LayerTap:
             states = self.states(ids) if return_states and len(ids) else ids.new_zeros(0, self.lm.d_model, dtype=self.lm.dtype)
             prefix = Prefix(ids, None)
         else:
-            from transformers import DynamicCache
-
-            cache = DynamicCache(config=self.lm.model.config)
+            cache = self.lm.new_cache()
             states = self._run(ids=ids[None], cache=cache)[0]
             prefix = Prefix(ids, cache)
         return (prefix, states) if return_states else prefix
@@ -236,9 +234,7 @@ class LayerTap:
         positions = torch.arange(prefix.length, prefix.length + k, device=self.lm.device).expand(batch, k)
         cache = _expand(prefix.cache, batch) if prefix.cache is not None else None
         if cache is None and keep and self.layer > 0:
-            from transformers import DynamicCache
-
-            cache = DynamicCache(config=self.lm.model.config)
+            cache = self.lm.new_cache()
         states = self._run(cache=cache, position_ids=positions, **inputs)
         return (states, cache) if keep else states
 
@@ -312,8 +308,6 @@ class LayerTap:
         positions = torch.cat([torch.arange(t, t + K, device=dev).expand(n, K) for t, n in zip(lengths, sizes)])
         cache = mask = None
         if self.layer > 0:
-            from transformers import DynamicCache
-
             if P > 0:
                 cache = _padded([prefix.cache for prefix, _ in requests], sizes, P)
                 mask = torch.ones(len(ids), P + K, dtype=torch.long, device=dev)
@@ -322,7 +316,7 @@ class LayerTap:
                     mask[r:r + n, t:P] = 0
                     r += n
             else:
-                cache = DynamicCache(config=self.lm.model.config)
+                cache = self.lm.new_cache()
         states = self._run(ids=ids, cache=cache, position_ids=positions, attention_mask=mask)
         results, r = [], 0
         for (prefix, rows), t, n in zip(requests, lengths, sizes):
@@ -372,9 +366,7 @@ def run_taps(lm: LM, taps: list, ids: Tensor) -> list[Tensor]:
     """Every tap's observation of ids [B, T] from one forward pass of `lm` (states, projections, KV
     caches, at any layers: blocks above the highest tap's layer never run). -> [B, T, tap.dim] per tap.
     What the calibration of many surfaces shares: one pass instead of one per tap."""
-    from transformers import DynamicCache
-
     layers = sorted({t.layer for t in taps})
-    cache = DynamicCache(config=lm.model.config) if any(t.needs_cache for t in taps) else None
+    cache = lm.new_cache() if any(t.needs_cache for t in taps) else None
     states = dict(zip(layers, run_layers(lm, layers, ids=ids.to(lm.device), cache=cache)))
     return [t.from_pass(states, cache) for t in taps]
