@@ -32,3 +32,15 @@ def test_extend_many_equals_each_extend_alone(tiny_lm, which):
             nxt = torch.randint(0, tiny_lm.vocab_size, (2, 2), generator=g)
             full = tap.states(torch.cat([grown_prefix.ids.expand(2, -1), nxt], 1))[:, -2:]
             assert torch.allclose(tap.extend(grown_prefix, nxt), full, rtol=1e-5, atol=1e-5 * float(full.abs().max()))
+
+
+def test_pack_trades_padding_for_passes():
+    """Rows of one length share a pass; a few long rows do not pad many short ones when a pass costs
+    less than the padding (PASS_TOKENS); max_tokens splits a pass, a single larger request runs alone."""
+    from sipit.models.tap import PASS_TOKENS, pack
+
+    assert pack([(1, 20)] * 4, 1024) == [[0, 1, 2, 3]]
+    shapes = [(1, 20)] * 2 + [(1, 2)] * 30  # one pass: 32 rows · 20; two: 2 · 20 + 30 · 2 + a pass
+    assert 32 * 20 > 2 * 20 + 30 * 2 + PASS_TOKENS and pack(shapes, 1024) == [[0, 1], list(range(2, 32))]
+    assert pack([(1, 10)] * 4, 20) == [[0, 1], [2, 3]]
+    assert pack([(5, 10), (1, 3)], 20) == [[0], [1]]
