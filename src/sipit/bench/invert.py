@@ -124,10 +124,15 @@ FAST = ("learned",)
 AMORTISE_OVER = (1, 100, 10_000)
 
 
+def _scored(engine) -> int | None:
+    """(position, token) scores the engine's ranker has computed so far (learned), else None."""
+    ranker = getattr(engine.policy, "ranker", None)
+    return ranker.scored if ranker is not None else None
+
+
 def _scored_per_position(policy: str, V: int, r) -> float:
-    """Candidates the policy scored (a distance or a score), per position."""
-    if policy == "learned":
-        return float(V)  # one score per vocabulary token at every position (and the position-0 table)
+    """Candidates the policy scored (a distance or a score), per position, where its ranker does not
+    count them (_scored)."""
     if policy == "gradient":
         return V * r.backward_tokens / max(len(r.positions), 1)  # every snap ranks the vocabulary
     return sum(q.tried for q in r.positions) / max(len(r.positions), 1)
@@ -189,7 +194,8 @@ def _batch_entry(engine, tap, ids, states, data, B: int) -> dict:
                 tap_calls_per_prompt=round(statistics.mean(r.tap_calls for r in res), 3))
 
 
-def _policy_entry(name, engine, fwd, res, T, cfg, data, V) -> dict:
+def _policy_entry(name, engine, fwd, res, T, cfg, data, V, scored: int | None = None) -> dict:
+    """scored: the ranker's (position, token) scores over these prompts (None: estimated per policy)."""
     per_prompt = [r.seconds * cfg.length / T for r in res]  # capped policies: extrapolated to the length
     positions = [q for r in res for q in r.positions]
     tried = [q.tried for q in positions]
@@ -213,7 +219,8 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V) -> dict:
         ratio_by_kind={k: dict(median=round(statistics.median(v), 3), max=round(max(v), 3)) for k, v in ratios.items()},
         candidates_verified_per_position=round(sum(tried) / len(tried), 3),
         vocab_verified_pct=round(100 * sum(tried) / len(tried) / V, 5),
-        candidates_scored_per_position=round(statistics.mean(_scored_per_position(name, V, r) for r in res), 1),
+        candidates_scored_per_position=round(scored / len(positions), 1) if scored is not None else
+        round(statistics.mean(_scored_per_position(name, V, r) for r in res), 1),
         forward_equivalents_per_prompt=round(statistics.mean(r.forward_equivalents * cfg.length / T for r in res), 3),
         tap_calls_per_prompt=round(statistics.mean(r.tap_calls for r in res), 3),
         speculated_pct=round(100 * sum(q.via != "search" for q in positions) / len(positions), 2),
@@ -255,8 +262,10 @@ def run(cfg: Config) -> dict:
             cap = None if fast else cfg.slow_max_seconds
             engine = SipIt(lm, layer, InvertConfig(policy=name, max_seconds=cap, learned=learned), final_norm=cfg.final_norm,
                            eps=tol.eps)
+            before = _scored(engine)
             fwd, res = _invert_all(engine, tap, ids[sel], states[sel], T, cfg, f"L{layer} {name}")
-            e = entry["policies"][name] = _policy_entry(name, engine, fwd, res, T, cfg, [data[i] for i in sel], V)
+            scored = _scored(engine) - before if before is not None else None
+            e = entry["policies"][name] = _policy_entry(name, engine, fwd, res, T, cfg, [data[i] for i in sel], V, scored)
             if fast and len(slow) < len(data):
                 e["on_slow_subset"] = {k: v for k, v in _policy_entry(
                     name, engine, [fwd[i] for i in slow], [res[i] for i in slow], T, cfg, [data[i] for i in slow],

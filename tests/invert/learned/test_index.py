@@ -50,3 +50,23 @@ def test_no_index_where_the_dense_screen_is_cheap(lm, cache):
     engine = SipIt(lm, 1, InvertConfig(learned=FAST))
     assert engine.policy.ranker.index is None  # 256 tokens < 16 · CLUSTER_ROWS
     assert not list(cache.rglob("*.index-*"))
+
+
+def test_scored_counts_what_the_screens_read(lm, cache, monkeypatch):
+    """The bench's candidates scored: every token per position of a dense screen; the index's
+    centroids and probed rows only (fewer than the vocabulary)."""
+    monkeypatch.setattr(module, "CLUSTER_ROWS", 8)
+    monkeypatch.setattr(module, "SIMULATED", 256)
+    target = LayerTap(lm, 1).states(torch.tensor(lm.encode("The cat sat on the mat.")[:8]))
+    ranker = SipIt(lm, 1, InvertConfig(learned=FAST)).policy.ranker
+    r = ranker.context_residuals(target)  # [7, d]
+    before = ranker.scored
+    ranker.screen(r)
+    probed = ranker.scored - before
+    assert len(r) * len(ranker.index.centroids) < probed < len(r) * lm.vocab_size
+    index, ranker.index = ranker.index, None
+    before = ranker.scored
+    ranker.screen(r)
+    ranker.position0(target[:1])
+    assert ranker.scored - before == (len(r) + 1) * lm.vocab_size
+    ranker.index = index

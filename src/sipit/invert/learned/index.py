@@ -39,7 +39,7 @@ INDEX_VERSION = 1  # bump when what is built or stored changes (the constants ab
 class ClusterIndex:
     """centroids [K, d]; rows [V, d]: P's rows grouped by cluster (cluster c is rows[starts[c]:starts[c+1]]),
     ids [V]: their token ids, sq [V]: their squared norms; nprobe: clusters scanned per query. Every
-    cluster is non-empty (balanced_clusters)."""
+    cluster is non-empty (balanced_clusters). scored: tokens scored so far, centroids included."""
 
     def __init__(self, P: Tensor, assign: Tensor, centroids: Tensor, nprobe: int):
         order = assign.argsort(stable=True)
@@ -48,6 +48,7 @@ class ClusterIndex:
         self.ids, self.rows = order, P.float()[order].contiguous()
         self.sq = (self.rows.double() ** 2).sum(1).float()
         counts = torch.bincount(assign, minlength=len(centroids))
+        self.sizes, self.scored = counts, 0
         self.starts = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])  # [K + 1]
         bounds = self.starts.tolist()
         self.rows_of = [self.rows[s:e].T for s, e in zip(bounds, bounds[1:])]  # per cluster [d, size] (views)
@@ -59,6 +60,7 @@ class ClusterIndex:
         nprobe = nprobe or self.nprobe
         r = r.float()
         near = (2 * r @ self.centroids.T - g * self.c_sq).topk(nprobe, dim=1).indices  # [n, nprobe]
+        self.scored += len(r) * len(self.centroids) + int(self.sizes[near].sum())
         clusters, order = near.flatten().sort(stable=True)  # (query, probed cluster) pairs by cluster
         rq = r[order // nprobe]  # [n·nprobe, d]: each pair's query, in cluster order
         values, where, at = [], [], 0

@@ -33,6 +33,7 @@ class LinearRanker:
         screen (index.py: where that one costs about a full product)."""
         self.cal, self.lm, self.final_norm = cal, tap.lm, getattr(tap, "final_norm", False)
         self.index = index
+        self._scored = 0  # (position, token) scores computed so far, for the bench: see `scored`
         self.screen_top = screen_top
         if cal.table is not None:
             self.table_err = STORE_ERR[cal.table.dtype] + 1e-5  # storage rounding + batched-pass noise
@@ -54,12 +55,22 @@ class LinearRanker:
         self.p_proj_low = cal.p_proj.to(self.low)
         self.u_proj_low = cal.u_proj.to(self.low) if cal.u_proj is not None else None
 
+    @property
+    def scored(self) -> int:
+        """(position, token) pairs this ranker has scored so far: every token for each position of a
+        dense screen, ranking or LM score; the index's probed rows and centroids."""
+        return self._scored + (self.index.scored if self.index is not None else 0)
+
+    def _count(self, positions: int) -> None:
+        self._scored += positions * self.cal.P.shape[0]
+
     def position0(self, Y: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """Y [B, d]: position 0 of B prompts -> (guesses [B], an order key [B, V]: ascending = best
         first, certified lower bounds of the true relative distances [B, V] or None). With the table
         the key is the relative distance (exact for a screened few, else a lower bound); without it,
         minus the score."""
         c = self.cal
+        self._count(len(Y))
         if c.table is None:
             score = 2 * (Y.float() @ c.white0 - c.c0w) @ c.p0.T - c.gain0 * c.p0_sq  # [B, V]
             return score.argmax(1), -score, None
@@ -94,6 +105,7 @@ class LinearRanker:
         if len(r) > SCREEN_ROWS:
             return torch.cat([self.screen(r[i:i + SCREEN_ROWS]) for i in range(0, len(r), SCREEN_ROWS)])
         c = self.cal
+        self._count(len(r))
         if self.exact_screen:
             return (2 * r @ c.P.T - self.gain * c.P_sq).argmax(1)
         approx = 2 * self._in_screen(r, c.p_basis, self.p_proj_low) - self.gain * c.P_sq  # [n, V]
@@ -108,6 +120,7 @@ class LinearRanker:
             return torch.cat([self.screen_prior(r[i:i + SCREEN_ROWS], n[i:i + SCREEN_ROWS])
                               for i in range(0, len(r), SCREEN_ROWS)])
         c = self.cal
+        self._count(len(r))
         w, g = 2 * c.lm_weight, self.gain
         approx = g * (2 * self._in_screen(r, c.p_basis, self.p_proj_low) - g * c.P_sq) + \
             w * self._in_screen(n, c.u_basis, self.u_proj_low)
@@ -129,6 +142,7 @@ class LinearRanker:
     def lm_logprob(self, target: Tensor, ids: Tensor) -> Tensor:
         """Screened LM log-prob of ids [T-1] at positions 1..T-1 given the observed ĥ_{t−1}. [T-1]"""
         c = self.cal
+        self._count(len(target) - 1)
         n = self._normed(target[:-1]).float()
         lse = torch.logsumexp((n @ c.u_basis) @ c.u_proj.T, 1)
         return (n * self.unembed[ids]).sum(1) - lse
@@ -190,6 +204,7 @@ class LinearRanker:
         [V, r] screen instead of the [V, d] P is what a search batch's ranking costs (SmolLM2 ℓ = 15:
         r = 128 of d = 576); rankings are read no deeper than EXACT_TOP before the loop's last batches. [V]"""
         c = self.cal
+        self._count(1)
         if self.exact_screen:
             return 2 * g * (c.P @ y) - g * g * c.P_sq
         s = 2 * g * self._in_screen(y[None], c.p_basis, self.p_proj_low)[0] - g * g * c.P_sq
@@ -237,4 +252,5 @@ class LinearRanker:
     def lm_scores(self, target: Tensor, t: int) -> Tensor:
         """The LM's next-token logits at position t from the observed ĥ_{t−1} (its head on the normed
         state: the same order as log p_LM). [V]"""
+        self._count(1)
         return self.unembed @ self._normed(target[t - 1]).float()
