@@ -81,7 +81,7 @@ def test_token_scores_screen_in_the_subspace_and_are_exact_for_the_best(lm, rank
     c = ranker.cal
     y, g = torch.randn(c.P.shape[1], generator=torch.Generator().manual_seed(1)), 0.7
     exact = 2 * g * (c.P @ y) - g * g * c.P_sq
-    assert c.p_basis.shape[1] == c.P.shape[1] and torch.equal(ranker.token_scores(y, g), exact)
+    assert c.p_basis.shape[1] == c.P.shape[1] and torch.allclose(ranker.token_scores(y, g), exact, rtol=1e-6, atol=1e-4)
     cal = copy.copy(c)
     cal.p_basis = c.p_basis[:, :8].contiguous()
     cal.p_proj = (c.P @ cal.p_basis).contiguous()

@@ -106,9 +106,10 @@ class LinearRanker:
             return torch.cat([self.screen(r[i:i + SCREEN_ROWS]) for i in range(0, len(r), SCREEN_ROWS)])
         c = self.cal
         self._count(len(r))
+        # half the score, r·P_v − (g/2)‖P_v‖²: the same order, in place (one pass over the [n, V] scores)
         if self.exact_screen:
-            return (2 * r @ c.P.T - self.gain * c.P_sq).argmax(1)
-        approx = 2 * self._in_screen(r, c.p_basis, self.p_proj_low) - self.gain * c.P_sq  # [n, V]
+            return (r @ c.P.T).sub_(c.P_sq, alpha=self.gain / 2).argmax(1)
+        approx = self._in_screen(r, c.p_basis, self.p_proj_low).sub_(c.P_sq, alpha=self.gain / 2)  # [n, V]
         top = approx.topk(min(self.screen_top, approx.shape[1]), dim=1).indices  # [n, m]
         exact = 2 * (c.P[top] @ r[:, :, None])[..., 0] - self.gain * c.P_sq[top]  # [n, m]
         return top.gather(1, exact.argmax(1, keepdim=True))[:, 0]
@@ -122,8 +123,8 @@ class LinearRanker:
         c = self.cal
         self._count(len(r))
         w, g = 2 * c.lm_weight, self.gain
-        approx = g * (2 * self._in_screen(r, c.p_basis, self.p_proj_low) - g * c.P_sq) + \
-            w * self._in_screen(n, c.u_basis, self.u_proj_low)
+        approx = self._in_screen(r, c.p_basis, self.p_proj_low).sub_(c.P_sq, alpha=g / 2).add_(
+            self._in_screen(n, c.u_basis, self.u_proj_low), alpha=w / (2 * g))  # the score ÷ 2g: same order
         top = approx.topk(min(self.screen_top, approx.shape[1]), dim=1).indices
         exact = g * (2 * (c.P[top] @ r[:, :, None])[..., 0] - g * c.P_sq[top])
         exact = exact + w * (self.unembed[top] @ n[:, :, None])[..., 0]
@@ -206,8 +207,8 @@ class LinearRanker:
         c = self.cal
         self._count(1)
         if self.exact_screen:
-            return 2 * g * (c.P @ y) - g * g * c.P_sq
-        s = 2 * g * self._in_screen(y[None], c.p_basis, self.p_proj_low)[0] - g * g * c.P_sq
+            return (c.P @ y).mul_(2 * g).sub_(c.P_sq, alpha=g * g)
+        s = self._in_screen(y[None], c.p_basis, self.p_proj_low)[0].mul_(2 * g).sub_(c.P_sq, alpha=g * g)
         top = s.topk(min(EXACT_TOP, len(s))).indices
         s[top] = 2 * g * (c.P[top] @ y) - g * g * c.P_sq[top]
         return s
