@@ -131,3 +131,18 @@ def test_screens_in_row_blocks_give_what_one_product_gives(lm, ranker, monkeypat
     whole = low.screen(r), low.screen_prior(r, n)
     monkeypatch.setattr(module, "SCREEN_ROWS", 5)
     assert torch.equal(low.screen(r), whole[0]) and torch.equal(low.screen_prior(r, n), whole[1])
+
+
+def test_biased_screen_is_half_the_score_less_a_row_constant(lm, ranker):
+    """One product with the bias folded in: (rB)·(P_v B) − (g/2)‖P_v‖² − ‖rB‖²/2g for every token (float32
+    screen: to float32 rounding; bfloat16: the same order for the best, up to its rounding)."""
+    c, g = ranker.cal, ranker.gain
+    r = torch.randn(5, c.P.shape[1], generator=torch.Generator().manual_seed(2))
+    x = r @ c.p_basis
+    want = x @ c.p_proj.T - (g / 2) * c.P_sq - (x ** 2).sum(1, keepdim=True) / (2 * g)
+    f32 = LinearRanker(c, LayerTap(lm, 2), low=torch.float32)
+    got = f32._biased_screen([x], f32.screen_table)
+    assert got.dtype == torch.float32 and torch.allclose(got, want, rtol=1e-4, atol=1e-3 * float(want.abs().max()))
+    bf16 = LinearRanker(c, LayerTap(lm, 2), low=torch.bfloat16)
+    low = bf16._biased_screen([x], bf16.screen_table)
+    assert low.dtype == torch.bfloat16 and torch.allclose(low.float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))

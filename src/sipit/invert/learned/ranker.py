@@ -52,8 +52,18 @@ class LinearRanker:
         # exact scores, position 0's bounds and the LM gate stay float32)
         self.low = low or screen_dtype(cal.P.device)
         self.exact_screen = cal.p_basis.shape[1] == cal.P.shape[1]  # full rank: screens score exactly
-        self.p_proj_low = cal.p_proj.to(self.low)
-        self.u_proj_low = cal.u_proj.to(self.low) if cal.u_proj is not None else None
+        self.p_proj_low = cal.p_proj.to(self.low)  # token_scores' screen (its gain varies per call)
+        # the guesses' screens, one product each with the bias folded in: [x·B, (w/2g)·n·U, −1, −1, −c] against
+        # [P_v B, U_v B, hi_v, lo_v, 1] with hi + lo = (g/2)‖P_v‖² (two columns: to ~2⁻¹⁸ in bfloat16) and c a
+        # per-row shift that puts the best scores near 0 (the product accumulates in float32 and rounds its
+        # output: near 0 that rounding is small), so the [n, V] scores leave the product in the screening
+        # dtype: no float32 copy, no pass to add the bias (Gemma-3, V = 262,144: the copy cost more than the
+        # bfloat16 product)
+        half_sq = (self.gain / 2) * cal.P_sq.double()
+        hi = half_sq.to(self.low)
+        bias = torch.stack([hi, (half_sq - hi.double()).to(self.low), torch.ones_like(hi)], 1)  # [V, 3]
+        self.screen_table = torch.cat([self.p_proj_low, bias], 1)  # [V, r + 3]
+        self.prior_table = torch.cat([self.p_proj_low, cal.u_proj.to(self.low), bias], 1) if cal.has_prior else None
 
     @property
     def scored(self) -> int:
@@ -98,6 +108,15 @@ class LinearRanker:
         """x [n, d] against every row of a screen: (x @ basis) @ projᵀ in the screening dtype. [n, V] float32"""
         return ((x @ basis).to(self.low) @ proj_low.T).float()
 
+    def _biased_screen(self, parts: list[Tensor], table: Tensor) -> Tensor:
+        """Half the screened score, x·B·(P_v B) [+ (w/2g)·n·U·(U_v B)] − (g/2)‖P_v‖², of every token less a
+        per-row constant (‖x·B‖²/2g: the best near 0), in one product: parts [n, ·] (the projected residuals,
+        then the prior's part) against table [V, ·]. [n, V] in the screening dtype (orders only)."""
+        x = parts[0]
+        shift = -(x.double() ** 2).sum(1, keepdim=True).float() / (2 * self.gain)
+        x = torch.cat([*parts, x.new_full((len(x), 2), -1.0), shift], 1)
+        return x.to(self.low) @ table.T
+
     def screen(self, r: Tensor) -> Tensor:
         """Top-1 by the screened scores: context residuals r [n, d] -> ids [n]."""
         if self.index is not None:
@@ -109,7 +128,7 @@ class LinearRanker:
         # half the score, r·P_v − (g/2)‖P_v‖²: the same order, in place (one pass over the [n, V] scores)
         if self.exact_screen:
             return (r @ c.P.T).sub_(c.P_sq, alpha=self.gain / 2).argmax(1)
-        approx = self._in_screen(r, c.p_basis, self.p_proj_low).sub_(c.P_sq, alpha=self.gain / 2)  # [n, V]
+        approx = self._biased_screen([r @ c.p_basis], self.screen_table)  # [n, V]
         top = approx.topk(min(self.screen_top, approx.shape[1]), dim=1).indices  # [n, m]
         exact = 2 * (c.P[top] @ r[:, :, None])[..., 0] - self.gain * c.P_sq[top]  # [n, m]
         return top.gather(1, exact.argmax(1, keepdim=True))[:, 0]
@@ -123,8 +142,7 @@ class LinearRanker:
         c = self.cal
         self._count(len(r))
         w, g = 2 * c.lm_weight, self.gain
-        approx = self._in_screen(r, c.p_basis, self.p_proj_low).sub_(c.P_sq, alpha=g / 2).add_(
-            self._in_screen(n, c.u_basis, self.u_proj_low), alpha=w / (2 * g))  # the score ÷ 2g: same order
+        approx = self._biased_screen([r @ c.p_basis, (w / (2 * g)) * (n @ c.u_basis)], self.prior_table)  # score ÷ 2g
         top = approx.topk(min(self.screen_top, approx.shape[1]), dim=1).indices
         exact = g * (2 * (c.P[top] @ r[:, :, None])[..., 0] - g * c.P_sq[top])
         exact = exact + w * (self.unembed[top] @ n[:, :, None])[..., 0]
