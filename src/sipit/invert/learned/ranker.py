@@ -125,7 +125,7 @@ class LinearRanker:
             return torch.cat([self.screen(r[i:i + SCREEN_ROWS]) for i in range(0, len(r), SCREEN_ROWS)])
         c = self.cal
         self._count(len(r))
-        # half the score, r·P_v − (g/2)‖P_v‖²: the same order, in place (one pass over the [n, V] scores)
+        # half the score, r·P_v − (g/2)‖P_v‖², orders alike: full rank in place, low rank in _biased_screen
         if self.exact_screen:
             return (r @ c.P.T).sub_(c.P_sq, alpha=self.gain / 2).argmax(1)
         approx = self._biased_screen([r @ c.p_basis], self.screen_table)  # [n, V]
