@@ -116,8 +116,7 @@ def balanced_clusters(X: Tensor, rows: int) -> tuple[Tensor, Tensor]:
     probes, and plain k-means of token rows leaves a few huge ones (SmolLM2 layer 1, K = 192: median 22
     rows, largest 4,449, and queries land in them). -> (assignment [V], centroids [K', d])"""
     assign, C = kmeans(X, max(1, len(X) // rows))
-    parts, todo = [], list(range(len(C)))
-    members = [(assign == c).nonzero()[:, 0] for c in todo]
+    parts, members = [], [(assign == c).nonzero()[:, 0] for c in range(len(C))]
     while members:
         m = members.pop()
         if len(m) <= 2 * rows:
@@ -185,6 +184,6 @@ def load_or_build_index(cal: Calibration) -> ClusterIndex | None:
     if nprobe is None:
         none.touch()
         return None
-    index.nprobe = nprobe
+    index.nprobe, index.scored = nprobe, 0  # (the simulation's scores are not the inversion's)
     index.save(path)
     return index
