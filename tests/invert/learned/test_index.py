@@ -1,3 +1,5 @@
+import copy
+
 import torch
 
 from sipit.invert import InvertConfig, SipIt
@@ -45,10 +47,16 @@ def test_index_is_built_once_cached_and_inverts_exactly(lm, cache, monkeypatch):
     assert all(r.exact for r in results)
 
 
-def test_no_index_where_the_dense_screen_is_cheap(lm, cache):
-    """A low-rank screen (rank < half the width) or a vocabulary under 16 clusters: no index, no file."""
+def test_no_index_where_the_dense_screen_is_cheap(lm, cache, monkeypatch):
+    """A vocabulary under 16 clusters, or a low-rank screen (rank < half the width): no index, no file."""
     engine = SipIt(lm, 1, InvertConfig(learned=FAST))
     assert engine.policy.ranker.index is None  # 256 tokens < 16 · CLUSTER_ROWS
+    assert not list(cache.rglob("*.index-*"))
+    monkeypatch.setattr(module, "CLUSTER_ROWS", 8)
+    cal = copy.copy(engine.policy.ranker.cal)
+    assert module.worth_indexing(cal)  # full rank, 256 ≥ 16 · 8
+    cal.p_basis = cal.p_basis[:, :cal.P.shape[1] // 2 - 1]
+    assert not module.worth_indexing(cal) and load_or_build_index(cal) is None
     assert not list(cache.rglob("*.index-*"))
 
 
