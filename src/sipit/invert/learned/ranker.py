@@ -52,7 +52,6 @@ class LinearRanker:
         # exact scores, position 0's bounds and the LM gate stay float32)
         self.low = low or screen_dtype(cal.P.device)
         self.exact_screen = cal.p_basis.shape[1] == cal.P.shape[1]  # full rank: screens score exactly
-        self.p_proj_low = cal.p_proj.to(self.low)  # token_scores' screen (its gain varies per call)
         # the guesses' screens, one product each with the bias folded in: [x·B, (w/2g)·n·U, −1, −1, −c] against
         # [P_v B, U_v B, hi_v, lo_v, 1] with hi + lo = (g/2)‖P_v‖² (two columns: to ~2⁻¹⁸ in bfloat16) and c a
         # per-row shift that puts the best scores near 0 (the product accumulates in float32 and rounds its
@@ -62,8 +61,10 @@ class LinearRanker:
         half_sq = (self.gain / 2) * cal.P_sq.double()
         hi = half_sq.to(self.low)
         bias = torch.stack([hi, (half_sq - hi.double()).to(self.low), torch.ones_like(hi)], 1)  # [V, 3]
-        self.screen_table = torch.cat([self.p_proj_low, bias], 1)  # [V, r + 3]
-        self.prior_table = torch.cat([self.p_proj_low, cal.u_proj.to(self.low), bias], 1) if cal.has_prior else None
+        proj = cal.p_proj.to(self.low)
+        self.screen_table = torch.cat([proj, bias], 1)  # [V, r + 3]
+        self.prior_table = torch.cat([proj, cal.u_proj.to(self.low), bias], 1) if cal.has_prior else None
+        self.p_proj_low = self.screen_table[:, :proj.shape[1]]  # a view: token_scores' screen (its gain varies)
 
     @property
     def scored(self) -> int:
