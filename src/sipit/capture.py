@@ -94,7 +94,9 @@ def capture_surface(lm: LM, prompts: list[list[int]], spec: SurfaceSpec, layer: 
     out: dict[str, list[Tensor]] = {}
     for batch, ids in _batches(lm, prompts, batch_size):
         if spec.kind == "kv":
-            cache = lm.model(input_ids=ids, use_cache=True).past_key_values.layers[layer - 1]
+            full = lm.new_cache()
+            lm.run_base(full, input_ids=ids)
+            cache = full.layers[layer - 1]
             for name, x in (("keys", cache.keys), ("values", cache.values)):
                 if spec.part in (name, "both"):
                     out.setdefault(name, []).extend(x[i, :, : len(p)].cpu() for i, p in enumerate(batch))

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from sipit.models import LayerTap, attention_weights, load_model, position_table, temporary_edit
+from sipit.models.lm import cache_keyword
 
 
 @pytest.mark.parametrize("spec", ["tiny-gpt2", "tiny-llama"])
@@ -48,7 +49,7 @@ def test_new_cache_is_empty_and_independent_of_the_template(spec):
     """Copies of one template: a pass filling one leaves the next empty; layer types follow the config."""
     lm = load_model(spec)
     first = lm.new_cache()
-    lm.model(input_ids=torch.tensor([[1, 2, 3]]), past_key_values=first, use_cache=True)
+    lm.model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=True, **{cache_keyword(lm.model): first})
     assert first.get_seq_length() == 3 and lm.new_cache().get_seq_length() == 0
     from transformers import DynamicCache
 

@@ -4,6 +4,7 @@ import torch
 
 from sipit.invert import InvertConfig, invert
 from sipit.models import ModelError
+from sipit.models.lm import cache_keyword
 from sipit.models import LayerTap
 from sipit.models.surfaces import (KVTap, ProjectedTap, SortedTap, kv_observation, logits_error, logits_tap,
                                    normed_states_from_logits, random_projection)
@@ -24,7 +25,8 @@ def assert_exact(lm, observations, tap, ids, error=0.0):
 @pytest.mark.parametrize("part", ["keys", "values", "both"])
 def test_kv_tap_is_hf_cache_and_inverts(tiny_lm, part):
     ids = ids_of(tiny_lm)
-    cache = tiny_lm.model(input_ids=ids, use_cache=True).past_key_values
+    cache = tiny_lm.new_cache()  # HF's own full forward fills it
+    tiny_lm.model(input_ids=ids, use_cache=True, **{cache_keyword(tiny_lm.model): cache})
     for layer in (1, tiny_lm.n_layers):
         tap = KVTap(tiny_lm, layer, part)
         hf = kv_observation(cache.layers[layer - 1].keys, cache.layers[layer - 1].values, part)

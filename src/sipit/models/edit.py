@@ -17,7 +17,7 @@ from typing import Callable
 from torch import Tensor
 
 from .load import LM
-from .lm import attention_module
+from .lm import attention_module, cache_keyword
 
 
 @contextmanager
@@ -66,10 +66,13 @@ def edit_kv(lm: LM, layer: int, fn: Callable[[Tensor, Tensor], tuple[Tensor, Ten
     if layer == 0:
         raise ValueError("a KV edit needs a block: layer ≥ 1 means block ℓ's cache")
 
-    def pre(module, args, kwargs):
-        return args, {**kwargs, "past_key_values": _EditedCache(kwargs.get("past_key_values"), fn)}
+    attention = attention_module(lm, layer - 1)
+    key = cache_keyword(attention)
 
-    handle = attention_module(lm, layer - 1).register_forward_pre_hook(pre, with_kwargs=True)
+    def pre(module, args, kwargs):
+        return args, {**kwargs, key: _EditedCache(kwargs.get(key), fn)}
+
+    handle = attention.register_forward_pre_hook(pre, with_kwargs=True)
     try:
         yield
     finally:

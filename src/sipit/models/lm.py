@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 
 import hashlib
+import inspect
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -55,6 +56,15 @@ class LM:
         self.blocks = _find_blocks(self.base, self.model.config)
         self.embed = self.model.get_input_embeddings()
         self.norm = _find_final_norm(self.base, self.blocks)
+
+    def run_base(self, cache=None, **inputs):
+        """The base model (blocks, no head) on inputs (input_ids or inputs_embeds, position_ids,
+        attention_mask), reading and extending `cache` (a transformers Cache) when one is given."""
+        return self.base(**inputs, **{self._cache_keyword: cache}, use_cache=cache is not None)
+
+    @cached_property
+    def _cache_keyword(self) -> str:
+        return cache_keyword(self.base)
 
     @property
     def n_layers(self) -> int:
@@ -275,6 +285,15 @@ def _find_final_norm(base: nn.Module, blocks: nn.ModuleList) -> nn.Module:
 # ----------------------------------------------------------------------------------------------
 # Named weights, for experiments that edit them (the theory lab's counterexamples). Every function
 # returns *views* of the parameters: edit them in place under torch.no_grad() (or temporary_edit).
+
+
+def cache_keyword(module: nn.Module) -> str:
+    """The keyword `module`'s forward takes its KV cache by: `cache` from transformers 5.2x on, where
+    `past_key_values` still passes (with a FutureWarning) but an attention module that gets both
+    silently uses `cache` (so a KV edit passed as past_key_values did nothing); `past_key_values`
+    before; `layer_past` in GPT-Neo's attention."""
+    params = inspect.signature(module.forward).parameters
+    return next((k for k in ("cache", "past_key_values", "layer_past") if k in params), "past_key_values")
 
 
 def attention_module(lm: LM, block: int) -> torch.nn.Module:

@@ -169,9 +169,8 @@ class KVTap(LayerTap):
 
         handle = attention_module(self.lm, self.layer - 1).register_forward_hook(stop)
         try:
-            self.lm.base(input_ids=inputs.get("ids"), inputs_embeds=inputs.get("embeds"), past_key_values=cache,
-                         use_cache=True, position_ids=inputs.get("position_ids"),
-                         attention_mask=inputs.get("attention_mask"))
+            self.lm.run_base(cache, input_ids=inputs.get("ids"), inputs_embeds=inputs.get("embeds"),
+                             position_ids=inputs.get("position_ids"), attention_mask=inputs.get("attention_mask"))
         except _Stop:
             pass
         finally:

@@ -59,8 +59,8 @@ def run_layers(lm: LM, layers: list[int], *, ids: Tensor | None = None, embeds: 
         else:
             handles.append(lm.blocks[layer - 1].register_forward_hook(block_output(layer), with_kwargs=True))
     try:
-        lm.base(input_ids=ids, inputs_embeds=embeds, past_key_values=cache, use_cache=cache is not None,
-                position_ids=position_ids, attention_mask=attention_mask)
+        lm.run_base(cache, input_ids=ids, inputs_embeds=embeds, position_ids=position_ids,
+                    attention_mask=attention_mask)
     except _Stop:
         pass
     finally:
