@@ -66,6 +66,14 @@ class LM:
     def _cache_keyword(self) -> str:
         return cache_keyword(self.base)
 
+    def copy_in(self, dtype: torch.dtype) -> "LM":
+        """A copy of this LM with its parameters in `dtype` (buffers such as rotary frequencies kept;
+        tied parameters stay tied); the original is untouched. Parameters are cast one at a time, so
+        the float32 model is never held twice."""
+        cast = {id(p): nn.Parameter(p.detach().to(dtype), requires_grad=False) for p in self.model.parameters()}
+        return LM(self.name, copy.deepcopy(self.model, memo=cast), self.tokenizer, precision=self.precision,
+                  full_layers=self.full_layers)
+
     @property
     def n_layers(self) -> int:
         """Blocks loaded (= the architecture's depth unless loaded with max_layer)."""

@@ -390,4 +390,6 @@ def run_taps(lm: LM, taps: list, ids: Tensor) -> list[Tensor]:
     layers = sorted({t.layer for t in taps})
     cache = lm.new_cache() if any(t.needs_cache for t in taps) else None
     states = dict(zip(layers, run_layers(lm, layers, ids=ids.to(lm.device), cache=cache)))
+    dtype = taps[0].lm.dtype  # `lm` may be a lower-precision copy of the taps' LM (LM.copy_in)
+    states = {layer: h.to(dtype) for layer, h in states.items()}
     return [t.from_pass(states, cache) for t in taps]

@@ -6,7 +6,8 @@ from sipit.invert.learned import LearnedConfig
 from sipit.models import load_model
 
 FAST = LearnedConfig(calibration_tokens=4096, validation_rows=8, gate_rows=16)
-SAMPLED = replace(FAST, table_tokens=128)  # fast mode on a 256-token vocabulary: half the position-0 states
+# fast mode on a 256-token vocabulary: half the position-0 states, states from a low-precision copy (as `fast()`)
+SAMPLED = replace(FAST, table_tokens=128, low_precision_states=True)
 
 
 @pytest.fixture(scope="module", params=["tiny-gpt2", "tiny-llama"])

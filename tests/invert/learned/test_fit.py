@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -96,3 +98,30 @@ def test_fast_mode_observes_only_the_sampled_tokens_at_position_0(lm):
     assert cal.table is None and cal.t_proj is None and cal.gain0 in SAMPLED.gains
     assert cal.p0.shape == cal.P.shape == (lm.vocab_size, lm.d_model)
     assert cal.key != calibrate(tap, FAST).key
+
+
+def test_low_precision_states_feed_fast_mode_never_a_table(lm, monkeypatch):
+    """low_precision_states: fast mode fits on a copy of the model in the screening dtype (where that
+    is lower than the model's); a table, whose lower bounds certify, always comes from the model itself.
+    The copy's fit ranks like the model's own (top-1 of the guesses on fresh prompts)."""
+    from sipit.models.device import screen_dtype
+    from sipit.models.lm import LM
+
+    copies, real = [], LM.copy_in
+    monkeypatch.setattr(LM, "copy_in", lambda self, dtype: copies.append(dtype) or real(self, dtype))
+    tap = LayerTap(lm, 2)
+    calibrate(tap, replace(FAST, low_precision_states=True))  # V ≤ table_tokens: a table, no copy
+    assert copies == []
+    low = calibrate(tap, SAMPLED)
+    native = screen_dtype(lm.device).itemsize < 4
+    assert copies == ([screen_dtype(lm.device)] if native else [])
+    own = calibrate(tap, replace(SAMPLED, low_precision_states=False))
+    assert low.key != own.key
+    from sipit.invert.learned.ranker import LinearRanker
+
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(0, lm.vocab_size, (8, 16), generator=g)
+    H = tap.states(ids).float()
+    right = {name: sum(int((g == row[1:]).sum()) for (g, _), row in zip(LinearRanker(cal, tap).guesses(list(H)), ids))
+             for name, cal in (("low", low), ("own", own))}
+    assert right["low"] >= 0.9 * right["own"] > 0

@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ...models.device import screen_dtype
 from ...models.tap import LayerTap, position0_tables, run_taps
 from .cache import Calibration, cache_path, calibration_key, load_cached
 from .config import LearnedConfig
@@ -244,7 +245,7 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig) -> list[C
     lm = taps[0].lm
     desc = f"{lm.name} {','.join(t.key for t in taps)}"
     E = lm.embedding_rows().float()
-    fast = cfg.table_tokens is not None and cfg.table_tokens < lm.vocab_size
+    fast = not cfg.has_table(lm.vocab_size)
     if fast:  # a sample of position-0 states and a linear model of the rest; no table feature
         pos0 = position0_models(observe, E, table_sample(lm.vocab_size, cfg.table_tokens).to(lm.device),
                                 cfg.ridge, desc=desc)
@@ -279,8 +280,10 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig) -> list[C
 
 
 def calibrate(tap, config: LearnedConfig | None = None) -> Calibration:
-    """Fit the calibration of any tap (LayerTap or one with the same interface, `dim`, `key` and
-    `blocks_read`)."""
+    """Fit the calibration of any tap: this package's taps as `calibrate_taps` does, any other object
+    with `lm`, `dim`, `key`, `blocks_read` and `states(ids)` from its own states."""
+    if hasattr(tap, "from_pass"):
+        return calibrate_taps(tap.lm, [tap], config)[0]
     return fit_calibrations([tap], lambda ids: [tap.states(ids)], config or LearnedConfig())[0]
 
 
@@ -292,8 +295,13 @@ def calibrate_layers(lm, layers: list[int], config: LearnedConfig | None = None,
 
 def calibrate_taps(lm, taps: list, config: LearnedConfig | None = None) -> list[Calibration]:
     """Calibrations of several taps of `lm` (states, projections, KV caches, at any layers), their
-    observations computed in one forward pass (`run_taps`)."""
-    return fit_calibrations(taps, lambda ids: run_taps(lm, taps, ids), config or LearnedConfig())
+    observations computed in one forward pass (`run_taps`), by a copy of `lm` in the screening dtype
+    where config.low_precision_states asks for it, there is no table, and that dtype is lower than the model's."""
+    config = config or LearnedConfig()
+    low = screen_dtype(lm.device)
+    low_ok = config.low_precision_states and not config.has_table(lm.vocab_size)  # a table's bounds need exact states
+    runner = lm.copy_in(low) if low_ok and low.itemsize < lm.dtype.itemsize else lm
+    return fit_calibrations(taps, lambda ids: [x.float() for x in run_taps(runner, taps, ids)], config)
 
 
 def load_or_calibrate(tap, config: LearnedConfig | None = None) -> tuple[Calibration, float]:
