@@ -18,7 +18,7 @@ $PY -m sipit --device cuda bench pairwise --n 200000 --d 4096 > "$OUT/pairwise.j
 # Llama-3.1-8B architecture at random init (Theorem 2.2's setting), bf16: exact inversion of
 # 20-token random-id prompts at layers 1, 16, 32, seconds per prompt and ratio to the forward pass
 $PY -m sipit --device cuda bench invert --model random:llama-3.1-8b --precision bf16 --layers 1,16,32 \
-    --kinds random --prompts ${PROMPTS:-5} --length 20 --policies learned --certify top:64 \
+    --kinds random --prompts ${PROMPTS:-5} --length 20 --policies learned --certify top:64 --batches ${PROMPTS:-5} \
     > "$OUT/invert-llama-3.1-8b-bf16.json" 2> "$OUT/invert-llama-3.1-8b-bf16.log"
 tail -3 "$OUT/invert-llama-3.1-8b-bf16.log"
 $PY - "$OUT/invert-llama-3.1-8b-bf16.json" <<'PY'
@@ -27,5 +27,6 @@ d = json.load(open(sys.argv[1]))
 for layer, e in d["layers"].items():
     p = e["policies"]["learned"]
     print(f"L{layer}: exact {p['exact']}/{p['prompts']}, {p['seconds_per_prompt_median']} s/prompt, "
-          f"ratio {p['ratio_to_forward']}, calibration {p['calibration_seconds']} s, eps {e['eps']:.3g}")
+          f"ratio {p['ratio_to_forward']}, calibration {p['calibration_seconds']} s, eps {e['eps']:.3g}, "
+          f"verified/position {p['candidates_verified_per_position']}, lock-step {[(b['batch'], b['exact'], b['ratio_to_batched_forward_median']) for b in p.get('lock_step', [])]}")
 PY

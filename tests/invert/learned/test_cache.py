@@ -95,3 +95,18 @@ def test_fast_calibration_round_trip(tmp_path):
     back = Calibration.load(cal.save(tmp_path / "c.safetensors"))
     assert back.table is None and back.t_basis is None and back.gain0 == cal.gain0
     assert torch.equal(back.p0, cal.p0) and torch.equal(back.white0, cal.white0) and torch.equal(back.c0w, cal.c0w)
+
+
+def test_wide_models_fit_on_more_tokens_than_configured():
+    """LearnedConfig.sizes: SmolLM2 and Gemma-3-270M fit on the configured numbers (their keys unchanged);
+    a 4096-wide model gets at least 12 fitted positions per ridge feature and 6 sampled position-0 states
+    per dimension."""
+    full, fast = LearnedConfig(), calibration_config("fast")
+    for d, V in ((576, 49152), (640, 262144)):
+        assert full.sizes(d, V) == (49152, None) and fast.sizes(d, V) == (16384, 4096)
+    assert full.sizes(4096, 128256)[0] >= 12 * 3 * 4096
+    tokens, sample = fast.sizes(4096, 128256)
+    assert tokens >= 12 * 2 * 4096 and sample == 6 * 4096
+    lm = load_model("tiny-gpt2")  # d = 64: 1,000 configured tokens are raised to 12 per feature
+    few = LearnedConfig(calibration_tokens=1000)
+    assert few.sizes(lm.d_model, lm.vocab_size)[0] == 2341

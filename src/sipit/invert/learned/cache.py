@@ -106,8 +106,13 @@ class Calibration:
 
 def calibration_key(tap, config: LearnedConfig) -> str:
     """Content key: fingerprint of the weights the tap reads, what it observes, fit settings, VERSION."""
-    settings = hashlib.sha256(f"{VERSION}:{config.fit_key()}".encode()).hexdigest()[:12]
-    return f"{tap.lm.fingerprint_through(tap.blocks_read)}-{tap.key}-{settings}"
+    lm = tap.lm
+    settings = f"{VERSION}:{config.fit_key()}"
+    tokens, sample = config.sizes(lm.d_model, lm.vocab_size)
+    if tokens != config.calibration_tokens or sample not in (None, config.table_tokens):  # raised for a wide model
+        settings += f":sizes={tokens},{sample}"
+    settings = hashlib.sha256(settings.encode()).hexdigest()[:12]
+    return f"{lm.fingerprint_through(tap.blocks_read)}-{tap.key}-{settings}"
 
 
 def cache_path(tap, config: LearnedConfig) -> Path:

@@ -41,6 +41,17 @@ class LearnedConfig:
         than the fast sample); otherwise a sample and a linear model of the rest (fast mode)."""
         return self.table_tokens is None or self.table_tokens >= vocab_size
 
+    def sizes(self, d_model: int, vocab_size: int) -> tuple[int, int | None]:
+        """(calibration tokens, position-0 sample or None with a table) for a model of this width and
+        vocabulary: the configured numbers, raised to POSITIONS_PER_FEATURE fitted positions per ridge
+        feature and POSITION0_PER_DIM sampled tokens per dimension. (Taps observe at most d_model
+        numbers per position, except KV "both" of wide-head models: d_model bounds the features anyway.)"""
+        table = self.has_table(vocab_size)
+        features = (3 if table else 2) * d_model
+        tokens = max(self.calibration_tokens, -(-POSITIONS_PER_FEATURE * features * self.seq_len // (self.seq_len - 1)))
+        # (a sample stays within half the vocabulary, a table's cost or more: tiny test models)
+        return tokens, None if table else max(self.table_tokens, min(vocab_size // 2, POSITION0_PER_DIM * d_model))
+
     def fit_key(self) -> str:
         """The settings a calibration depends on (part of its cache key). table_tokens=None and
         low_precision_states=False are left out, so the default key is the one calibrations were cached
@@ -49,6 +60,16 @@ class LearnedConfig:
                      if k != "max_anchors" and not (k == "table_tokens" and v is None)
                      and not (k == "low_precision_states" and not v)})
 
+
+# Wide models need more calibration than the defaults give: the ridge fit has F = 3·d_model features with a
+# table ([e_v, table_v, ĥ_{t−1}]; 2·d_model without), and with too few fitted positions per feature its in-sample
+# residuals understate the noise, so the whitened scores of new prompts rank no better than chance
+# (random:llama-3.1-8b, d = 4096: 3.9 positions per feature at the default 49,152 tokens, 2.0 in fast mode and
+# 1.0 sampled position-0 state per dimension; the true token's rank was ~50,000 of 128,256 and the whitened
+# residuals' norm 192 where ~64 is expected). The floors sit below what SmolLM2 (28 / 14 / 7.1) and
+# Gemma-3-270M (26 / 13 / 6.4), where the ranker was validated, get by default: their calibrations are unchanged.
+POSITIONS_PER_FEATURE = 12
+POSITION0_PER_DIM = 6
 
 CALIBRATIONS = ("full", "fast")  # `--calibration`: every token's position-0 state, or LearnedConfig.fast()
 

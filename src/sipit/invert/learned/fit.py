@@ -246,13 +246,13 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig) -> list[C
     desc = f"{lm.name} {','.join(t.key for t in taps)}"
     E = lm.embedding_rows().float()
     fast = not cfg.has_table(lm.vocab_size)
+    n_tokens, n_sample = cfg.sizes(lm.d_model, lm.vocab_size)
     if fast:  # a sample of position-0 states and a linear model of the rest; no table feature
-        pos0 = position0_models(observe, E, table_sample(lm.vocab_size, cfg.table_tokens).to(lm.device),
-                                cfg.ridge, desc=desc)
+        pos0 = position0_models(observe, E, table_sample(lm.vocab_size, n_sample).to(lm.device), cfg.ridge, desc=desc)
         tables = [None] * len(pos0)
     else:
         tables = position0_tables(observe, lm.vocab_size, lm.device, desc=f"calibration {desc}")
-    ids = calibration_ids(lm, cfg.calibration_tokens, cfg.seq_len, cfg.random_fraction).to(lm.device)
+    ids = calibration_ids(lm, n_tokens, cfg.seq_len, cfg.random_fraction).to(lm.device)
     parts = _forward_models(observe, E, tables, ids, cfg.ridge, desc=desc)
     val = calibration_ids(lm, cfg.validation_rows * cfg.seq_len, cfg.seq_len, cfg.random_fraction, seed=1)
     val = val[:, :VALIDATION_LEN].to(lm.device)
