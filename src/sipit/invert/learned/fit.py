@@ -229,7 +229,9 @@ def _lm_prior(cal: Calibration, tap, H_random: Tensor, cfg: LearnedConfig) -> No
     cal.u_basis, cal.u_proj = Q.float(), (U.double() @ Q).float()
     cal.lm_weight = cfg.lm_weight
     ranker = LinearRanker(cal, tap, cfg.screen_top, torch.float32)
-    means = [float(ranker.lm_logprob(h, ranker.screen(ranker.context_residuals(h))).mean()) for h in H_random.float()]
+    H = list(H_random.float())
+    guesses = ranker.screen(torch.cat([ranker.context_residuals(h) for h in H])).split([len(h) - 1 for h in H])
+    means = [float(lp.mean()) for lp in ranker.lm_logprobs(H, list(guesses))]
     cal.lm_gate = float(torch.tensor(means).quantile(0.99)) + cfg.gate_margin
 
 
