@@ -68,8 +68,8 @@ class LM:
 
     def copy_in(self, dtype: torch.dtype) -> "LM":
         """A copy of this LM with its parameters in `dtype` (buffers such as rotary frequencies kept;
-        tied parameters stay tied); the original is untouched. Parameters are cast one at a time, so
-        the float32 model is never held twice."""
+        tied parameters stay tied); the original is untouched. The deep copy finds the cast parameters
+        in its memo, so the original's weights are never copied in their own dtype."""
         cast = {id(p): nn.Parameter(p.detach().to(dtype), requires_grad=False) for p in self.model.parameters()}
         return LM(self.name, copy.deepcopy(self.model, memo=cast), self.tokenizer, precision=self.precision,
                   full_layers=self.full_layers)
