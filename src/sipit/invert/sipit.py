@@ -23,7 +23,9 @@ evaluated, and `certify` ("top:K", "full") evaluates more, up to the whole vocab
 
 - **lock-step batches**: `invert_prompts` runs many prompts' loops side by side; each round, one
   forward pass serves every prompt's next pass (tap.extend_many), so a batch of B prompts costs
-  about as many passes as its slowest prompt, each B times wider.
+  about as many passes as its slowest prompt, each B times wider. There a miss's lookahead gives
+  the continuation to its best candidate only: the others go alone into a pass of short rows (a
+  batch's pass costs its tokens; alone, one pass holds every row whatever their lengths).
 
     engine = SipIt(lm, layer=15)                     # or SipIt(tap=some_tap)
     r = engine.invert_prompt(states)                 # states [T, tap.dim] -> PromptResult
@@ -56,6 +58,7 @@ class _Run:
     target: Tensor  # [T, dim]
     policy: object  # its own copy of the engine's policy, begun on this prompt (Policy.begin_many)
     max_seconds: float | None
+    in_batch: bool = False  # inverted in lock-step with other prompts
     seconds: float = 0.0  # spent before the loop was last resumed
     resumed: float = 0.0  # perf_counter() when it was
     cost: dict = field(default_factory=lambda: dict(forward_tokens=0, backward_tokens=0, tap_calls=0))
@@ -70,11 +73,12 @@ class _Run:
 
 @dataclass
 class _Pass:
-    """A forward pass the loop asks its driver for: candidate rows [B, k] appended to a verified
-    prefix. The driver answers with (states [B, k, dim], grown(b, n) -> Prefix)."""
+    """A forward pass the loop asks its driver for: groups of candidate rows [B_i, k_i] appended to
+    one verified prefix. The driver answers with one (states [B_i, k_i, dim], grown(b, n) -> Prefix)
+    per group; groups of different lengths need not be padded to one another (tap.extend_many)."""
 
     prefix: object
-    rows: Tensor
+    rows: list[Tensor]
 
 
 @dataclass
@@ -111,10 +115,12 @@ class SipIt:
 
         Each prompt runs its own loop (`_steps`) up to its next forward pass; one `tap.extend_many`
         then serves every prompt's pass together, so B prompts cost about as many passes as the
-        slowest one alone, each pass B times wider. Results are what each prompt gets alone; its
-        seconds (and `max_seconds`) are its own share of the batch (_Run)."""
+        slowest one alone, each pass B times wider. Each prompt gets the ids and status it gets alone,
+        for as many or fewer tokens (the lookahead, _search); its seconds (and `max_seconds`) are its own
+        share of the batch (_Run)."""
         true_ids = true_ids if true_ids is not None else [None] * len(targets)
-        runs = [_Run(target.to(self.lm.dtype).to(self.lm.device), None, self.config.max_seconds) for target in targets]
+        runs = [_Run(target.to(self.lm.dtype).to(self.lm.device), None, self.config.max_seconds, len(targets) > 1)
+                for target in targets]
         finite = [run for run in runs if torch.isfinite(run.target).all()]  # (the others fail at once: _steps)
         t = time.perf_counter()  # the policy's first look at every prompt, shared like a forward pass
         begun = self.policy.begin_many([r.target for r in finite], [r.cost for r in finite])
@@ -129,11 +135,12 @@ class SipIt:
         while asks:
             waiting = list(asks.items())
             t = time.perf_counter()
-            served = self.tap.extend_many([(p.prefix, p.rows) for _, p in waiting], self.config.pass_tokens)
-            share = (time.perf_counter() - t) / sum(p.rows.numel() for _, p in waiting)
-            for (i, p), answer in zip(waiting, served):
-                runs[i].seconds += share * p.rows.numel()
-                self._resume(i, runs[i], loops[i], answer, asks, results)
+            served = iter(self.tap.extend_many([(p.prefix, rows) for _, p in waiting for rows in p.rows],
+                                               self.config.pass_tokens))
+            share = (time.perf_counter() - t) / sum(rows.numel() for _, p in waiting for rows in p.rows)
+            for i, p in waiting:
+                runs[i].seconds += share * sum(rows.numel() for rows in p.rows)
+                self._resume(i, runs[i], loops[i], [next(served) for _ in p.rows], asks, results)
         return results
 
     @staticmethod
@@ -200,18 +207,19 @@ class SipIt:
 
     # -- the two kinds of forward pass ---------------------------------------------------------
 
-    def _extend(self, run: _Run, prefix, rows: Tensor):
-        """rows [B, k] -> (states [B, k, dim], grown(b, n) -> Prefix), from the driver (a generator step)."""
-        run.cost["forward_tokens"] += rows.numel()
+    def _extend(self, run: _Run, prefix, *rows: Tensor):
+        """rows [B_i, k_i] each -> one (states [B_i, k_i, dim], grown(b, n) -> Prefix) per group, from the
+        driver (a generator step)."""
+        run.cost["forward_tokens"] += sum(r.numel() for r in rows)
         run.cost["tap_calls"] += 1
-        return (yield _Pass(prefix, rows))
+        return (yield _Pass(prefix, list(rows)))
 
     def _speculate(self, run: _Run, prefix, guess: Tensor):
         """Verify guessed ids [k] for positions t.. in one pass; accept the leading matches.
 
         -> (grown prefix, accepted positions, distance of the first wrong guess (nan if none))."""
         t = prefix.length
-        h, grown = yield from self._extend(run, prefix, guess[None])
+        (h, grown), = yield from self._extend(run, prefix, guess[None])
         d = rel_distance(h[0], run.target[t:t + len(guess)]).cpu()
         n = int((d <= self.eps).long().cumprod(0).sum())
         if n < len(d):  # the first wrong guess was computed on a verified prefix: tell the policy
@@ -224,7 +232,9 @@ class SipIt:
     def _search(self, run: _Run, prefix, checked: dict[int, float], continuation: Tensor | None) -> _Search:
         """Find the token at position t = prefix.length in the policy's order, then everything else.
 
-        The first batch carries the guessed continuation (lookahead)."""
+        The first batch carries the guessed continuation (lookahead): every candidate alone, only the
+        best in a lock-step batch (SmolLM2 ℓ = 15, 32 seed-5 prompts: 1,545 → 1,149 tokens, the batch
+        4.8 → 3.8 batched forwards; the first candidate was right in 20 of 26 lookaheads)."""
         t, V, cfg = prefix.length, self.lm.vocab_size, self.config
         seen = torch.zeros(V, dtype=torch.bool)
         seen[list(checked)] = True
@@ -244,27 +254,35 @@ class SipIt:
                 n_batches += 1
             if batch is None:
                 break
-            rows = torch.cat([batch[:, None], continuation.cpu().expand(len(batch), -1)], 1) if lookahead \
-                else batch[:, None]
-            h, grown = yield from self._extend(run, prefix, rows)
-            run.policy.observe(t, batch, h[:, 0])
-            d = rel_distance(h, run.target[t:t + rows.shape[1]]).cpu()  # [B, k]
-            evaluated.update(zip(batch.tolist(), d[:, 0].tolist()))
-            passing = (d[:, 0] <= self.eps).nonzero().flatten()
+            if lookahead and run.in_batch:  # only the best carries the continuation: the rest share a
+                groups = [torch.cat([batch[:1], continuation.cpu()])[None], batch[1:, None]]  # pass of short rows
+            elif lookahead:  # alone, one pass holds every row anyway (tap.pack): each carries the continuation
+                groups = [torch.cat([batch[:, None], continuation.cpu().expand(len(batch), -1)], 1)]
+            else:
+                groups = [batch[:, None]]
+            answers = yield from self._extend(run, prefix, *[g for g in groups if len(g)])
+            rows = [(h, grown, j) for h, grown in answers for j in range(len(h))]  # one per candidate
+            h0 = torch.cat([h[:, 0] for h, _ in answers])  # [B, dim]: each candidate's state at t
+            run.policy.observe(t, batch, h0)
+            d = rel_distance(h0, run.target[t]).cpu()  # [B]
+            evaluated.update(zip(batch.tolist(), d.tolist()))
+            passing = (d <= self.eps).nonzero().flatten()
             if len(passing):
-                b = int(passing[d[passing, 0].argmin()])
-                found = [Position(int(batch[b]), float(d[b, 0]), None, 0, tried=len(evaluated),
+                b = int(passing[d[passing].argmin()])
+                h, grown, j = rows[b]
+                found = [Position(int(batch[b]), float(d[b]), None, 0, tried=len(evaluated),
                                   via="lookahead" if lookahead else "search")]
                 n, nxt = 1, {}
-                if lookahead:  # the continuation of row b was computed on a verified prefix
-                    n += int((d[b, 1:] <= self.eps).long().cumprod(0).sum())
+                if h.shape[1] > 1:  # the row carried the continuation, computed on a verified prefix
+                    dc = rel_distance(h[j, 1:], run.target[t + 1:t + h.shape[1]]).cpu()  # [k - 1]
+                    n += int((dc <= self.eps).long().cumprod(0).sum())
                     found += [Position(int(v), float(dv), None, 0, tried=1, via="lookahead")
-                              for v, dv in zip(continuation[:n - 1], d[b, 1:n])]
+                              for v, dv in zip(continuation[:n - 1], dc[:n - 1])]
                     if n - 1 < len(continuation):
-                        nxt = {int(continuation[n - 1]): float(d[b, n])}
-                        run.policy.observe(t + n, continuation[n - 1:n], h[b, n:n + 1])
-                        run.policy.revise(t + n + 1, continuation[n:], h[b, n + 1:])
-                return _Search(grown(b, n), found, nxt)
+                        nxt = {int(continuation[n - 1]): float(dc[n - 1])}
+                        run.policy.observe(t + n, continuation[n - 1:n], h[j, n:n + 1])
+                        run.policy.revise(t + n + 1, continuation[n:], h[j, n + 1:])
+                return _Search(grown(j, n), found, nxt)
             lookahead = False
         best = min(evaluated.values(), default=float("inf"))
         if bounds is not None:  # certified lower bounds of the tokens never evaluated
