@@ -177,7 +177,7 @@ def _batch_entry(engine, tap, ids, states, data, B: int) -> dict:
     cut into batches of B (a remainder smaller than B is left out)."""
     order = interleaved(data)
     batches = [order[i:i + B] for i in range(0, len(order) - B + 1, B)]
-    ratios, seconds, fwd, res = [], [], [], []
+    ratios, in_passes, seconds, fwd, res = [], [], [], [], []
     for sel in batches:
         fwd.append(_forward_seconds(tap, ids[sel]))
         sync(ids.device)
@@ -186,11 +186,13 @@ def _batch_entry(engine, tap, ids, states, data, B: int) -> dict:
         sync(ids.device)
         seconds.append(time.perf_counter() - t)
         ratios.append(seconds[-1] / fwd[-1])
+        in_passes.append(sum(r.pass_seconds for r in res[-len(sel):]) / fwd[-1])
     return dict(batch=B, batches=len(batches), prompts=len(res), exact=sum(bool(r.exact) for r in res),
                 ok=sum(r.status == "ok" for r in res), seconds_per_batch_median=round(statistics.median(seconds), 4),
                 forward_seconds_per_batch_median=round(statistics.median(fwd), 4),
                 ratio_to_batched_forward_median=round(statistics.median(ratios), 3),
                 ratio_to_batched_forward=[round(r, 3) for r in ratios],
+                ratio_in_passes_median=round(statistics.median(in_passes), 3),  # of it, the lock-step passes
                 tap_calls_per_prompt=round(statistics.mean(r.tap_calls for r in res), 3))
 
 
@@ -217,6 +219,12 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V, scored: int | None = 
         seconds_per_prompt_median=round(median, 4), forward_seconds_median=round(statistics.median(fwd), 4),
         ratio_to_forward=round(median / statistics.median(fwd), 3),
         ratio_by_kind={k: dict(median=round(statistics.median(v), 3), max=round(max(v), 3)) for k, v in ratios.items()},
+        # where the time goes, each prompt ÷ its forward, medians: the loop's forward passes, and the rest
+        # (ranking, certificates, the loop's Python)
+        ratio_split=dict(passes=round(statistics.median(r.pass_seconds / r.seconds * t / f for r, t, f in
+                                                        zip(res, per_prompt, fwd)), 3),
+                         rest=round(statistics.median((1 - r.pass_seconds / r.seconds) * t / f for r, t, f in
+                                                      zip(res, per_prompt, fwd)), 3)),
         candidates_verified_per_position=round(sum(tried) / len(tried), 3),
         vocab_verified_pct=round(100 * sum(tried) / len(tried) / V, 5),
         candidates_scored_per_position=round(scored / len(positions), 1) if scored is not None else

@@ -61,7 +61,7 @@ class _Run:
     in_batch: bool = False  # inverted in lock-step with other prompts
     seconds: float = 0.0  # spent before the loop was last resumed
     resumed: float = 0.0  # perf_counter() when it was
-    cost: dict = field(default_factory=lambda: dict(forward_tokens=0, backward_tokens=0, tap_calls=0))
+    cost: dict = field(default_factory=lambda: dict(forward_tokens=0, backward_tokens=0, tap_calls=0, pass_seconds=0.0))
     evaluated: dict = field(default_factory=dict)  # t -> {candidate id: relative distance}
 
     def elapsed(self) -> float:
@@ -140,6 +140,7 @@ class SipIt:
             share = (time.perf_counter() - t) / sum(rows.numel() for _, p in waiting for rows in p.rows)
             for i, p in waiting:
                 runs[i].seconds += share * sum(rows.numel() for rows in p.rows)
+                runs[i].cost["pass_seconds"] += share * sum(rows.numel() for rows in p.rows)
                 self._resume(i, runs[i], loops[i], [next(served) for _ in p.rows], asks, results)
         return results
 
