@@ -221,10 +221,9 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V, scored: int | None = 
         ratio_by_kind={k: dict(median=round(statistics.median(v), 3), max=round(max(v), 3)) for k, v in ratios.items()},
         # where the time goes, each prompt ÷ its forward, medians: the loop's forward passes, and the rest
         # (ranking, certificates, the loop's Python)
-        ratio_split=dict(passes=round(statistics.median(r.pass_seconds / r.seconds * t / f for r, t, f in
-                                                        zip(res, per_prompt, fwd)), 3),
-                         rest=round(statistics.median((1 - r.pass_seconds / r.seconds) * t / f for r, t, f in
-                                                      zip(res, per_prompt, fwd)), 3)),
+        ratio_split=dict(passes=round(statistics.median(r.pass_seconds * cfg.length / T / f for r, f in zip(res, fwd)), 3),
+                         rest=round(statistics.median((r.seconds - r.pass_seconds) * cfg.length / T / f
+                                                      for r, f in zip(res, fwd)), 3)),
         candidates_verified_per_position=round(sum(tried) / len(tried), 3),
         vocab_verified_pct=round(100 * sum(tried) / len(tried) / V, 5),
         candidates_scored_per_position=round(scored / len(positions), 1) if scored is not None else

@@ -139,8 +139,9 @@ class SipIt:
                                                self.config.pass_tokens))
             share = (time.perf_counter() - t) / sum(rows.numel() for _, p in waiting for rows in p.rows)
             for i, p in waiting:
-                runs[i].seconds += share * sum(rows.numel() for rows in p.rows)
-                runs[i].cost["pass_seconds"] += share * sum(rows.numel() for rows in p.rows)
+                spent = share * sum(rows.numel() for rows in p.rows)
+                runs[i].seconds += spent
+                runs[i].cost["pass_seconds"] += spent
                 self._resume(i, runs[i], loops[i], [next(served) for _ in p.rows], asks, results)
         return results
 
