@@ -12,10 +12,12 @@ def taps(lm):
 
 
 @pytest.mark.parametrize("which", range(5))
-def test_extend_many_equals_each_extend_alone(tiny_lm, which):
+@pytest.mark.parametrize("attention", [0.0, 0.3])  # (query, key) pairs free: flat passes; dear: padded only
+def test_extend_many_equals_each_extend_alone(tiny_lm, which, attention):
     """Prefixes of different lengths (empty included), rows of 1 and of several tokens, several requests
     per pass: every state equals its own extend, and each grown prefix continues like a fresh forward."""
     tap = taps(tiny_lm)[which]
+    tap._attention = attention
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, tiny_lm.vocab_size, (3, 12), generator=g)
     shapes = [(0, 5, 4, 1), (1, 0, 1, 7), (2, 9, 2, 3), (1, 2, 3, 1), (2, 3, 1, 4), (0, 5, 2, 6)]
@@ -34,13 +36,47 @@ def test_extend_many_equals_each_extend_alone(tiny_lm, which):
             assert torch.allclose(tap.extend(grown_prefix, nxt), full, rtol=1e-5, atol=1e-5 * float(full.abs().max()))
 
 
-def test_pack_trades_padding_for_passes():
-    """Rows of one length share a pass; a few long rows do not pad many short ones when a pass costs
-    less than the padding (PASS_TOKENS); max_tokens splits a pass, a single larger request runs alone."""
+def test_pack_chooses_passes_and_layouts_by_cost():
+    """Rows of one length on empty prefixes share one padded pass (flat would pay attention between all
+    of them); rows of many lengths go flat instead of padding short rows to a long one; max_tokens
+    splits passes; a single larger request runs alone."""
     from sipit.models.tap import PASS_TOKENS, pack
 
-    assert pack([(1, 20)] * 4, 1024) == [[0, 1, 2, 3]]
-    shapes = [(1, 20)] * 2 + [(1, 2)] * 30  # one pass: 32 rows · 20; two: 2 · 20 + 30 · 2 + a pass
-    assert 32 * 20 > 2 * 20 + 30 * 2 + PASS_TOKENS and pack(shapes, 1024) == [[0, 1], list(range(2, 32))]
-    assert pack([(1, 10)] * 4, 20) == [[0, 1], [2, 3]]
-    assert pack([(5, 10), (1, 3)], 20) == [[0], [1]]
+    assert pack([(0, 1, 20)] * 32, 1024, 4e-4) == [(list(range(32)), False)]
+    shapes = [(5, 1, 20)] + [(5, 1, 2)] * 30  # padded: 31 rows · 20; flat: 80 tokens against 235 keys
+    assert 20 + 60 + PASS_TOKENS + 4e-4 * 80 * 235 < 31 * 20
+    assert pack(shapes, 1024, 4e-4) == [(list(range(31)), True)]
+    assert pack(shapes, 1024, 4e-4, flat=False) == [([0], False), (list(range(1, 31)), False)]
+    assert pack([(0, 1, 10)] * 4, 20, 0.0) == [([0, 1], False), ([2, 3], False)]
+    assert pack([(0, 5, 10), (0, 1, 3)], 20, 0.0) == [([0], False), ([1], False)]
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3():
+    """Gemma-3's architecture, tiny, with a sliding window of 8 (local layers 1, 2 and 4)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from sipit.models.lm import LM
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=8,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"])
+    return LM("tiny-gemma3", Gemma3ForCausalLM(config).eval(), None)
+
+
+def test_extend_many_with_a_sliding_window(tiny_gemma3):
+    """Requests inside the window share flat passes (at most window - 1 keys); those whose positions
+    reach it share padded passes by prefix length: every state equals its own extend either way."""
+    tap = LayerTap(tiny_gemma3, 4)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 256, (12,), generator=g)
+    shapes = [(2, 2, 2), (0, 3, 3), (3, 1, 1), (9, 2, 2), (9, 3, 1), (4, 2, 2)]  # (prefix, rows, k): 9 + k slides
+    requests = [(tap.prefill(ids[:t]), torch.randint(0, 256, (n, k), generator=g)) for t, n, k in shapes]
+    for (prefix, rows), (h, grown) in zip(requests, tap.extend_many(requests)):
+        alone = tap.extend(prefix, rows)
+        assert torch.allclose(h, alone, rtol=1e-5, atol=1e-5 * float(alone.abs().max()))
+        grown_prefix = grown(0, rows.shape[1])
+        nxt = torch.randint(0, 256, (1, 2), generator=g)
+        full = tap.states(torch.cat([grown_prefix.ids[None], nxt], 1))[:, -2:]
+        assert torch.allclose(tap.extend(grown_prefix, nxt), full, rtol=1e-5, atol=1e-5 * float(full.abs().max()))

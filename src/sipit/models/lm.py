@@ -199,15 +199,20 @@ class LM:
         return self.embed(torch.arange(self.vocab_size, device=self.device))
 
     def new_cache(self):
-        """An empty KV cache for a forward pass (transformers' DynamicCache, its layers typed by the config:
-        sliding-window ones where the model has them), copied from one built once: building it reads the
-        config per layer (0.47 ms for SmolLM2, 0.16 ms for Gemma-3; a copy 0.03 ms), which every
-        speculation pass paid. The template's layers hold no cached tensors yet, and a layer's update
-        rebinds its keys and values, so shallow copies of the layers are independent caches."""
+        """An empty KV cache for a forward pass: transformers' DynamicCache with a plain layer per block,
+        sliding-window blocks included. A sliding layer keeps only the last window − 1 positions, and a
+        prefix past the window could then be neither cropped nor grown from a pass (SipIt failed on
+        Gemma-3 prompts over 511 tokens); kept whole, the window is still applied by the attention
+        mask, which transformers builds from the config, as in the cache-free forward that captures
+        states. Copied from one built once (building reads the config per layer: 0.47 ms for SmolLM2, a
+        copy 0.03 ms, and every speculation pass paid it). The template's layers hold no cached tensors
+        yet, and a layer's update rebinds its keys and values, so shallow copies are independent caches."""
         if self._empty_cache is None:
             from transformers import DynamicCache
+            from transformers.cache_utils import DynamicLayer
 
             self._empty_cache = DynamicCache(config=self.model.config)
+            self._empty_cache.layers = [DynamicLayer() for _ in self._empty_cache.layers]
         cache = copy.copy(self._empty_cache)
         cache.layers = [copy.copy(layer) for layer in self._empty_cache.layers]
         return cache

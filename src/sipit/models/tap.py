@@ -89,11 +89,7 @@ class Prefix:
         for layer in self.cache.layers:
             layer = copy.copy(layer)
             if getattr(layer, "is_initialized", False):
-                if getattr(layer, "is_sliding", False) and self.length >= layer.sliding_window - 1:
-                    raise ValueError("cannot crop a sliding-window cache past its window; prefill again")
                 layer.keys, layer.values = layer.keys[:, :, :t], layer.values[:, :, :t]
-                if hasattr(layer, "cumulative_length"):
-                    layer.cumulative_length = t
             cache.layers.append(layer)
         return Prefix(self.ids[:t], cache)
 
@@ -111,24 +107,17 @@ def _expand(cache, batch: int):
     return new
 
 
-def _select(cache, b: int, t: int, start: int | None = None, n: int = 0):
-    """A new cache holding row b of a batched cache: its first t positions, then (a padded cache,
-    extend_many) the n positions from `start` on. Copies, so views die."""
+def _select(cache, b: int, spans: list[tuple[int, int]]):
+    """A new batch-1 cache of row b of a (batched) cache: the positions of each span (start, length),
+    one after another (a prefix's own positions, then a row's new ones). Copies, so views die."""
     new = copy.copy(cache)
     new.layers = []
     for layer in cache.layers:
         layer = copy.copy(layer)
         if getattr(layer, "is_initialized", False):
-            if getattr(layer, "is_sliding", False) and layer.cumulative_length > layer.keys.shape[-2]:
-                raise ValueError("cannot select from a sliding-window cache past its window; prefill again")
             for name in ("keys", "values"):
                 x = getattr(layer, name)
-                kept = x[b:b + 1, :, :t].clone()
-                if n:
-                    kept = torch.cat([kept, x[b:b + 1, :, start:start + n]], 2)
-                setattr(layer, name, kept)
-            if hasattr(layer, "cumulative_length"):
-                layer.cumulative_length = t + n
+                setattr(layer, name, torch.cat([x[b:b + 1, :, s:s + n] for s, n in spans if n], 2).clone())
         new.layers.append(layer)
     return new
 
@@ -152,8 +141,19 @@ def _padded(caches: list, rows: list[int], length: int):
                         out[r:r + n, :, :y.shape[2]] = y
                     r += n
                 setattr(layer, name, out)
-            if hasattr(layer, "cumulative_length"):
-                layer.cumulative_length = length
+        new.layers.append(layer)
+    return new
+
+
+def _joined(caches: list, length: int):
+    """One batch-1 cache of `length` positions: batch-1 caches one after another (extend_many's flat pass)."""
+    new = copy.copy(caches[0])
+    new.layers = []
+    for j, layer in enumerate(caches[0].layers):
+        layer = copy.copy(layer)
+        if getattr(layer, "is_initialized", False):
+            for name in ("keys", "values"):
+                setattr(layer, name, torch.cat([getattr(c.layers[j], name) for c in caches], 2))
         new.layers.append(layer)
     return new
 
@@ -171,6 +171,7 @@ class LayerTap:
         self.lm = lm
         self.layer = lm.layer_index(layer)
         self.final_norm = final_norm
+        self._attention = None  # attention_cost(lm), for extend_many
 
     plain_states = True  # observes the residual stream itself: a ranker may read the LM head off it
 
@@ -254,7 +255,7 @@ class LayerTap:
 
         def grown(b: int, n: int) -> Prefix:
             new_ids = torch.cat([prefix.ids, ids[b, :n]])
-            return Prefix(new_ids, _select(cache, b, len(new_ids)) if cache is not None and len(new_ids) else None)
+            return Prefix(new_ids, _select(cache, b, [(0, len(new_ids))]) if cache is not None and len(new_ids) else None)
         return states, grown
 
     @torch.no_grad()
@@ -262,28 +263,79 @@ class LayerTap:
         """Many `extend(prefix, rows, keep=True)` calls served by few forward passes: what inverting
         many prompts in lock-step needs (their prefixes differ in content and length).
 
-        requests: (prefix, rows [B_i, k_i]). A pass pads every row to its longest k, so the requests,
-        longest first, are cut into consecutive passes by `pack` (fewest padded tokens plus
-        PASS_TOKENS per pass; at most `max_tokens` padded tokens unless a request is larger alone: it
-        runs alone, on views of its cache). Within a pass every prefix cache is right-padded to the
-        longest, the padding masked out, and the new tokens of request i get positions t_i, t_i + 1, ...
+        requests: (prefix, rows [B_i, k_i]). Cut by `pack` into passes of at most `max_tokens` tokens
+        (a request larger alone runs alone), each padded (_extend_padded: rows padded to the longest,
+        caches to the longest prefix, the padding masked out) or flat (_extend_flat: every row's tokens
+        in one sequence), whichever its estimated cost favours. Requests whose positions reach a
+        sliding window (Gemma-3, Mistral) are neither padded nor flat with others: a flat pass's mask
+        has no window and padding would shift it; those at one prefix length share padded passes.
         -> per request (states [B_i, k_i, dim], grown(b, n) -> Prefix)."""
         window = self._sliding_window()
         groups: dict = {}
         for i, (prefix, rows) in enumerate(requests):
             slides = window is not None and prefix.length + rows.shape[1] >= window - 1
-            groups.setdefault(prefix.length if slides else None, []).append(i)  # padding would shift its window
+            groups.setdefault(prefix.length if slides else None, []).append(i)
+        if self._attention is None:
+            self._attention = attention_cost(self.lm)
         out: list = [None] * len(requests)
-        for members in groups.values():
+        for length, members in groups.items():
             members = sorted(members, key=lambda i: -requests[i][1].shape[1])
-            for part in pack([tuple(requests[i][1].shape) for i in members], max_tokens):
+            shapes = [(requests[i][0].length, *requests[i][1].shape) for i in members]
+            for part, flat in pack(shapes, max_tokens, self._attention, flat=length is None):
                 part = [members[j] for j in part]
                 if len(part) == 1:
                     out[part[0]] = self.extend(*requests[part[0]], keep=True)
                 else:
-                    for i, r in zip(part, self._extend_padded([requests[i] for i in part])):
+                    run = self._extend_flat if flat else self._extend_padded
+                    for i, r in zip(part, run([requests[i] for i in part])):
                         out[i] = r
         return out
+
+    def _extend_flat(self, requests: list[tuple[Prefix, Tensor]]) -> list[tuple[Tensor, object]]:
+        """One forward pass of batch 1 for several requests (extend_many): the distinct prefixes' caches
+        one after another (S keys), then every row's tokens (N), each row's at its own positions
+        t_i, t_i + 1, ...; a [N, S + N] mask lets a token see its own prefix and the tokens before it
+        in its own row. Unlike padding rows to the longest (_extend_padded), the pass costs the new
+        tokens it has (SmolLM2 layer 15, a lock-step round of 42 requests, 290 tokens: 3 padded passes
+        of 360 tokens). -> per request (states [B_i, k_i, dim], grown)."""
+        dev = self.lm.device
+        segments: dict[int, tuple[int, Prefix]] = {}  # id(prefix) -> (its first key, prefix): each once
+        for prefix, _ in requests:
+            if id(prefix) not in segments:
+                segments[id(prefix)] = (sum(p.length for _, p in segments.values()), prefix)
+        S = sum(p.length for _, p in segments.values())
+        ids = torch.cat([rows.reshape(-1) for _, rows in requests]).to(dev)[None]  # [1, N]
+        N = ids.shape[1]
+        lengths = torch.tensor([rows.shape[1] for _, rows in requests for _ in range(rows.shape[0])])
+        row = torch.arange(len(lengths)).repeat_interleave(lengths)  # [N]: which row each token is in
+        see = row[:, None] == row[None, :]  # [N, N]: its own row ...
+        see &= torch.ones(N, N, dtype=torch.bool).tril()  # ... up to itself
+        own = torch.zeros(N, S, dtype=torch.bool)  # its own prefix
+        positions, at = [], 0
+        for prefix, rows in requests:
+            start = segments[id(prefix)][0]
+            own[at:at + rows.numel(), start:start + prefix.length] = True
+            positions.append(torch.arange(prefix.length, prefix.length + rows.shape[1]).repeat(rows.shape[0]))
+            at += rows.numel()
+        cache = mask = None
+        if self.layer > 0:
+            cache = _joined([p.cache for _, p in segments.values() if p.cache is not None], S) if S else self.lm.new_cache()
+            allowed = torch.cat([own, see], 1).to(dev)[None, None]  # [1, 1, N, S + N]
+            mask = torch.zeros(allowed.shape, dtype=self.lm.dtype, device=dev).masked_fill_(
+                ~allowed, torch.finfo(self.lm.dtype).min)  # additive: eager and sdpa attention alike
+        states = self._run(ids=ids, cache=cache, position_ids=torch.cat(positions).to(dev)[None], attention_mask=mask)[0]
+        results, at = [], 0
+        for prefix, rows in requests:
+            n, k = rows.shape
+            def grown(b: int, m: int, prefix=prefix, rows=rows, first=S + at) -> Prefix:
+                new_ids = torch.cat([prefix.ids, rows[b, :m].to(dev)])
+                if cache is None or len(new_ids) == 0:
+                    return Prefix(new_ids, None)
+                own = (segments[id(prefix)][0], prefix.length)
+                return Prefix(new_ids, _select(cache, 0, [own, (first + b * rows.shape[1], m)]))
+            results.append((states[at:at + n * k].view(n, k, -1), grown))
+            at += n * k
+        return results
 
     def _sliding_window(self) -> int | None:
         """The attention window of the model's sliding layers, if it has any (None: no window)."""
@@ -316,7 +368,7 @@ class LayerTap:
                 new_ids = torch.cat([prefix.ids, rows[b, :m].to(dev)])
                 if cache is None or len(new_ids) == 0:
                     return Prefix(new_ids, None)
-                return Prefix(new_ids, _select(cache, r + b, t, P, m))
+                return Prefix(new_ids, _select(cache, r + b, [(0, t), (P, m)]))
             results.append((states[r:r + n, :rows.shape[1]], grown))
             r += n
         return results
@@ -341,31 +393,54 @@ class LayerTap:
         return self._extend(prefix, embeds.shape[1], embeds.shape[0], embeds=embeds)
 
 
-PASS_TOKENS = 32  # what one more forward pass costs, in padded tokens: reading the weights once (SmolLM2
-#                  layer 15 on this 2-core CPU: ~30 ms a pass, ~1 ms a token of a lock-step batch)
+PASS_TOKENS = 32  # what one more forward pass costs, in tokens: reading the weights once (SmolLM2 layer 15
+#                  on this 2-core CPU: ~30 ms a pass, ~1 ms a token of a lock-step batch)
+ATTENTION = 2.5  # what a (query, key) pair costs, in tokens × block parameters ÷ query width: SmolLM2
+#                  layer 15, 32 requests of 288 tokens with 10 or 40 cached keys each, passed flat
+#                  (every token against every key): 46 and 179 ms more than padded, ~0.4 µs a pair
+FLAT_KEYS = 4096  # keys of a flat pass at most (its mask and attention scores are [N, keys])
 
 
-def pack(shapes: list[tuple[int, int]], max_tokens: int) -> list[list[int]]:
-    """Cut requests of (rows n_i, length k_i), longest first, into consecutive passes, each padded to its
-    first k: the cut with the least Σ (PASS_TOKENS + rows · k_first), a pass at most max_tokens padded
-    tokens unless it is one request (dynamic programming over the cut points). -> lists of indices.
-    (Lock-step rounds after the first carry rows of many lengths: SmolLM2 layer 15, 32 prompts, 617
-    tokens padded to 848 when any row at least half as long as the first could share a pass.)"""
+def attention_cost(lm) -> float:
+    """A (query, key) pair's cost in tokens for `pack`: ATTENTION × query width ÷ block parameters
+    (SmolLM2: 4e-4; a 1.5B model's wider blocks make it 8e-5)."""
+    text = lm.model.config.get_text_config()
+    width = text.num_attention_heads * (getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+    return ATTENTION * width / sum(p.numel() for p in lm.blocks[0].parameters())
+
+
+def pack(shapes: list[tuple[int, int, int]], max_tokens: int, attention: float,
+         flat: bool = True) -> list[tuple[list[int], bool]]:
+    """Cut requests of (prefix length t_i, rows n_i, row length k_i), longest rows first, into consecutive
+    passes, each padded (rows to the first k, caches to the longest prefix P: Σ n·k_first tokens, each
+    against P + k_first keys) or, where `flat`, flat (the N = Σ n·k tokens in one row, each against all
+    S + N keys, S = Σ t): the cut and layouts of least Σ PASS_TOKENS + tokens + attention × pairs
+    (dynamic programming over the cut points), a pass at most max_tokens tokens unless it is one
+    request (alone: neither). -> (indices, flat?) per pass. (Lock-step rounds after the first carry rows
+    of many lengths on prefixes of many lengths: padding them cost SmolLM2 layer 15 three passes of
+    360 tokens for 290; the first round, 32 rows of 20 on empty prefixes, is cheapest padded.)"""
     n = len(shapes)
     best = [0.0] + [float("inf")] * n  # best[j]: cost of the first j requests
-    cut = [0] * (n + 1)
+    cut, layout = [0] * (n + 1), [False] * (n + 1)
     for j in range(1, n + 1):
-        rows = 0
-        for i in range(j - 1, -1, -1):  # the last pass holds requests i..j-1, padded to k_i
-            rows += shapes[i][0]
-            tokens = rows * shapes[i][1]
-            if tokens > max_tokens and i < j - 1:
+        rows = tokens = keys = longest = 0
+        for i in range(j - 1, -1, -1):  # the last pass holds requests i..j-1
+            t, m, k = shapes[i]
+            rows, tokens, keys, longest = rows + m, tokens + m * k, keys + t, max(longest, t)
+            padded = rows * k  # rows padded to k_i, the pass's longest
+            if min(padded, tokens) > max_tokens and i < j - 1:
                 break
-            if best[i] + PASS_TOKENS + tokens < best[j]:
-                best[j], cut[j] = best[i] + PASS_TOKENS + tokens, i
+            costs = []
+            if padded <= max_tokens or i == j - 1:
+                costs.append((PASS_TOKENS + padded + attention * padded * (longest + k), False))
+            if flat and i < j - 1 and tokens <= max_tokens and keys + tokens <= FLAT_KEYS:
+                costs.append((PASS_TOKENS + tokens + attention * tokens * (keys + tokens), True))
+            for c, is_flat in costs:
+                if best[i] + c < best[j]:
+                    best[j], cut[j], layout[j] = best[i] + c, i, is_flat
     parts, j = [], n
     while j > 0:
-        parts.append(list(range(cut[j], j)))
+        parts.append((list(range(cut[j], j)), layout[j]))
         j = cut[j]
     return parts[::-1]
 
