@@ -12,6 +12,20 @@ def tiny_lm(request):
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma3():
+    """Gemma-3's architecture, tiny, with a sliding window of 8 (local layers 1, 2 and 4)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from sipit.models.lm import LM
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=8,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"])
+    return LM("tiny-gemma3", Gemma3ForCausalLM(config).eval(), None)
+
+
+@pytest.fixture(scope="session")
 def smollm2():
     return load_model("smollm2")
 

@@ -471,3 +471,14 @@ def test_a_failure_after_a_coarse_position_says_the_prefix_may_be_wrong():
         assert p.status == "failed" and "no token within eps" in p.message
         assert ("other tokens were also within eps at positions [0]" in p.message) == named
         assert (p.positions[0].also_within_eps == [b]) == named
+
+
+def test_prompts_longer_than_a_sliding_window_invert(tiny_gemma3):
+    """Gemma-3's local layers see a window of positions (8 here): prompts of 14 tokens invert exactly
+    alone and in lock-step (the prefix caches keep every position; the masks apply the window)."""
+    tap = LayerTap(tiny_gemma3, 4)
+    ids = torch.randint(0, 256, (3, 14), generator=torch.Generator().manual_seed(0))
+    states = tap.states(ids)
+    engine = SipIt(tiny_gemma3, 4, InvertConfig(policy="exhaustive"), eps=1e-4)
+    for r, truth in zip([engine.invert_prompt(states[0])] + engine.invert_prompts(list(states)), [ids[0], *ids]):
+        assert r.status == "ok" and r.ids == truth.tolist()

@@ -51,20 +51,6 @@ def test_pack_chooses_passes_and_layouts_by_cost():
     assert pack([(0, 5, 10), (0, 1, 3)], 20, 0.0) == [([0], False), ([1], False)]
 
 
-@pytest.fixture(scope="module")
-def tiny_gemma3():
-    """Gemma-3's architecture, tiny, with a sliding window of 8 (local layers 1, 2 and 4)."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    from sipit.models.lm import LM
-
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                              num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=8,
-                              layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"])
-    return LM("tiny-gemma3", Gemma3ForCausalLM(config).eval(), None)
-
-
 def test_extend_many_with_a_sliding_window(tiny_gemma3):
     """Requests inside the window share flat passes (at most window - 1 keys); those whose positions
     reach it share padded passes by prefix length: every state equals its own extend either way."""
