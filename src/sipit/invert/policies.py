@@ -7,6 +7,8 @@ Interface (all methods cheap unless noted):
     candidates(t, prefix) -> iterator of id batches [B], best first (may be lazy and expensive)
     observe(t, ids [B], states [B, d])  wrong candidates' exact states at t on the verified prefix
     revise(t, ids [k], states [k, d])   states of guesses at t.. after a wrong guess before t (not exact)
+    deferred -> truthy when revise left work for the next guesses; settle_many(policies) does it
+                                      for many prompts at once (lock-step)
     lower_bounds(t) -> [V] | None     certified lower bounds of every token's relative distance
 
 Policies:
@@ -61,6 +63,12 @@ class Policy:
         pass
 
     def revise(self, t: int, ids: Tensor, states: Tensor) -> None:
+        pass
+
+    deferred = ()
+
+    @staticmethod
+    def settle_many(policies: list["Policy"]) -> None:
         pass
 
 

@@ -81,6 +81,9 @@ class _Pass:
     rows: list[Tensor]
 
 
+SETTLE = "settle"  # what a loop yields to have its policy's deferred work done with the batch's
+
+
 @dataclass
 class _Search:
     """Outcome of a search at position t = prefix.length."""
@@ -133,6 +136,15 @@ class SipIt:
         for i in range(len(loops)):
             self._resume(i, runs[i], loops[i], None, asks, results)
         while asks:
+            settling = [i for i, ask in asks.items() if ask is SETTLE]
+            if settling:  # the policies' deferred work, for every prompt that needs it at once
+                t = time.perf_counter()
+                type(self.policy).settle_many([runs[i].policy for i in settling])
+                share = (time.perf_counter() - t) / len(settling)
+                for i in settling:
+                    runs[i].seconds += share
+                    self._resume(i, runs[i], loops[i], None, asks, results)
+                continue
             waiting = list(asks.items())
             t = time.perf_counter()
             served = iter(self.tap.extend_many([(p.prefix, rows) for _, p in waiting for rows in p.rows],
@@ -147,7 +159,8 @@ class SipIt:
 
     @staticmethod
     def _resume(i, run, loop, answer, asks, results) -> None:
-        """Run prompt i's loop up to its next pass (recorded in asks) or its result, on its clock."""
+        """Run prompt i's loop up to its next request (a _Pass or SETTLE, recorded in asks) or its result,
+        on its clock."""
         run.resumed = time.perf_counter()
         try:
             asks[i] = loop.send(answer)
@@ -170,6 +183,7 @@ class SipIt:
         why, no_match = "", False  # why the prompt failed, if it does; whether no token was within ε
         while prefix.length < T:
             t = prefix.length
+            yield from self._settle(run)
             guess = policy.guesses(t, prefix.ids) if self.config.speculate else None
             bounds = policy.lower_bounds(t)
             if guess is not None and bounds is not None and bounds[guess[0]] > self.eps:
@@ -180,6 +194,7 @@ class SipIt:
                 if prefix.length == T:
                     break
                 checked = {int(guess[len(accepted)]): miss}
+                yield from self._settle(run)
                 guess = policy.guesses(prefix.length, prefix.ids)  # revised after the wrong guess
             found = yield from self._search(run, prefix, checked, guess[1:] if guess is not None else None)
             prefix, checked = found.prefix, found.next_checked
@@ -206,6 +221,13 @@ class SipIt:
         return PromptResult(ids=ids, text=self.lm.decode(ids) if ids else "", status=status, positions=positions,
                             seconds=run.elapsed(), length=run.target.shape[0], message=message,
                             true_ids=list(true_ids) if true_ids is not None else None, **run.cost).check()
+
+    @staticmethod
+    def _settle(run: _Run):
+        """In a lock-step batch, let the driver settle the policy's deferred work (Policy.settle_many)
+        together with the other prompts' (a generator step); alone, `guesses` does it."""
+        if run.in_batch and run.policy.deferred:
+            yield SETTLE
 
     # -- the two kinds of forward pass ---------------------------------------------------------
 

@@ -149,15 +149,30 @@ class LinearRanker:
         exact = exact + w * (self.unembed[top] @ n[:, :, None])[..., 0]
         return top.gather(1, exact.argmax(1, keepdim=True))[:, 0]
 
-    def revised(self, target: Tensor, t: int, ids: Tensor, states: Tensor, prior: bool) -> Tensor:
-        """New top-1 guesses for positions t..t+k-1 (t ≥ 1) from states [k, d] of the guessed ids [k]
-        computed after a wrong token earlier in the sequence: not exact, but each is its position's
-        state of its guess in a context one token off, so as a one-anchor re-ranking (the anchored
-        residual W ĥ_s − W h_s(g_s) + gain·P_{g_s}) it corrects the context part. -> ids [k]"""
+    def revised(self, items: list[tuple]) -> list[Tensor]:
+        """New top-1 guesses for positions t..t+k-1 (t ≥ 1) of many revisions at once, each (target [T, d],
+        t, guessed ids [k], their states [k, d] computed after a wrong token earlier in the sequence, prior):
+        not exact, but each is its position's state of its guess in a context one token off, so as a
+        one-anchor re-ranking (the anchored residual W ĥ_s − W h_s(g_s) + gain·P_{g_s}) it corrects the
+        context part. One screen per prior setting over every revision's rows: the prompts of a
+        lock-step batch settle theirs together (Learned.settle_many). -> ids [k] per revision"""
         c = self.cal
-        k = len(ids)
-        r = (target[t:t + k].float() - states.float()) @ c.white + self.gain * c.P[ids]  # [k, d]
-        return self.screen_prior(r, self._normed(target[t - 1:t + k - 1]).float()) if prior else self.screen(r)
+        out: list = [None] * len(items)
+        for prior in (False, True):
+            sel = [i for i, item in enumerate(items) if item[4] == prior]
+            if not sel:
+                continue
+            r = torch.cat([(target[t:t + len(ids)].float() - states.float()) @ c.white + self.gain * c.P[ids]
+                           for target, t, ids, states, _ in (items[i] for i in sel)])  # [Σk, d]
+            if prior:
+                n = torch.cat([self._normed(target[t - 1:t + len(ids) - 1]).float()
+                               for target, t, ids, _, _ in (items[i] for i in sel)])
+                top = self.screen_prior(r, n)
+            else:
+                top = self.screen(r)
+            for i, ids in zip(sel, top.split([len(items[i][2]) for i in sel])):
+                out[i] = ids
+        return out
 
     def lm_logprobs(self, targets: list[Tensor], ids: list[Tensor]) -> list[Tensor]:
         """Screened LM log-probs of ids[i] [T_i-1] at positions 1..T_i-1 given the observed ĥ_{t−1} of
