@@ -23,9 +23,10 @@ evaluated, and `certify` ("top:K", "full") evaluates more, up to the whole vocab
 
 - **lock-step batches**: `invert_prompts` runs many prompts' loops side by side; each round, one
   forward pass serves every prompt's next pass (tap.extend_many), so a batch of B prompts costs
-  about as many passes as its slowest prompt, each B times wider. There a miss's lookahead gives
-  the continuation to its best candidate only: the others go alone into a pass of short rows (a
-  batch's pass costs its tokens; alone, one pass holds every row whatever their lengths).
+  about as many passes as its slowest prompt, each B times wider (flat or padded: tap.extend_many).
+  There a miss's lookahead gives the continuation to its best candidate only: the others go alone
+  into a pass of short rows (a batch's pass costs its tokens; alone, one pass holds every row
+  whatever their lengths); and the policies' deferred revisions are settled together (SETTLE).
 
     engine = SipIt(lm, layer=15)                     # or SipIt(tap=some_tap)
     r = engine.invert_prompt(states)                 # states [T, tap.dim] -> PromptResult
