@@ -7,8 +7,9 @@ Interface (all methods cheap unless noted):
     candidates(t, prefix) -> iterator of id batches [B], best first (may be lazy and expensive)
     observe(t, ids [B], states [B, d])  wrong candidates' exact states at t on the verified prefix
     revise(t, ids [k], states [k, d])   states of guesses at t.. after a wrong guess before t (not exact)
-    deferred -> truthy when revise left work for the next guesses; settle_many(policies) does it
-                                      for many prompts at once (lock-step)
+    prepare(t)                        the loop searches position t next
+    deferred -> truthy when revise or prepare left work; settle_many(policies) does it for many
+                                      prompts at once (lock-step), else guesses/candidates do
     lower_bounds(t) -> [V] | None     certified lower bounds of every token's relative distance
 
 Policies:
@@ -65,7 +66,10 @@ class Policy:
     def revise(self, t: int, ids: Tensor, states: Tensor) -> None:
         pass
 
-    deferred = ()
+    def prepare(self, t: int) -> None:
+        pass
+
+    deferred = False
 
     @staticmethod
     def settle_many(policies: list["Policy"]) -> None:

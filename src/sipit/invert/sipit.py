@@ -195,7 +195,9 @@ class SipIt:
                 if prefix.length == T:
                     break
                 checked = {int(guess[len(accepted)]): miss}
-                yield from self._settle(run)
+            policy.prepare(prefix.length)
+            yield from self._settle(run)  # (the revisions after a wrong guess, the search's first ranking)
+            if guess is not None:
                 guess = policy.guesses(prefix.length, prefix.ids)  # revised after the wrong guess
             found = yield from self._search(run, prefix, checked, guess[1:] if guess is not None else None)
             prefix, checked = found.prefix, found.next_checked

@@ -47,13 +47,24 @@ class Learned(Policy):
                 p.d0, p.bounds0 = d0[j], bounds0[j] if bounds0 is not None else None
                 p.guess = torch.cat([g0[j:j + 1], rest])  # [T]
                 p.anchors = {}  # t -> [(ids [n], exact states [n, d] at t on the verified prefix)]
-                p.deferred = []  # revisions not yet applied to p.guess: (t, ids [k], states [k, d])
+                p.revisions = []  # not yet applied to p.guess: (t, ids [k], states [k, d])
+                p.search = None  # the position whose search's first ranking is deferred (prepare)
+                p.first = None  # (t, its first ranking's scores), settled
         return into
 
     def guesses(self, t, ids):
-        if self.deferred:
+        if self.revisions:
             self.settle_many([self])
         return self.guess[t:]
+
+    @property
+    def deferred(self):
+        return bool(self.revisions) or self.search is not None
+
+    def prepare(self, t):
+        """The loop searches position t next: its first ranking is deferred to settle_many (in a
+        lock-step batch, with the other prompts'), else done by candidates()."""
+        self.search = t
 
     def observe(self, t, ids, states):
         seen = self.anchors.setdefault(t, [])
@@ -66,20 +77,26 @@ class Learned(Policy):
         later wrong guesses became right and none of 158 right ones turned wrong; at ℓ = 30, 15 of 61
         and 3 of 173). Deferred to the next `guesses`, or to settle_many over a lock-step batch."""
         if t < len(self.guess) and len(ids):
-            self.deferred.append((t, ids, states))
+            self.revisions.append((t, ids, states))
 
     @staticmethod
     def settle_many(policies):
-        """Every deferred revision of these prompts' policies in one screen per prior setting: each
-        revision reads the whole [V, r] screen once, whatever its few rows (SmolLM2 layer 15, a lock-step
-        batch of 32: ~10 ms a revision, about as much for all of a round's)."""
-        items = [(p, t, ids, states) for p in policies for t, ids, states in p.deferred]
+        """Every deferred revision and first search ranking of these prompts' policies, each kind in
+        one product over all (a product reads the whole [V, r] screen, whatever its few rows: SmolLM2
+        layer 15, a lock-step batch of 32, ~10 ms a revision and ~4 ms a ranking each alone)."""
+        ranker = policies[0].ranker
+        items = [(p, t, ids, states) for p in policies for t, ids, states in p.revisions]
         if items:
-            new = policies[0].ranker.revised([(p.target, t, ids, states, p.prior) for p, t, ids, states in items])
+            new = ranker.revised([(p.target, t, ids, states, p.prior) for p, t, ids, states in items])
             for (p, t, ids, _), guess in zip(items, new):  # in order: a later revision of a position wins
                 p.guess[t:t + len(ids)] = guess
+        searching = [p for p in policies if p.search is not None and p.search > 0]
+        if searching:
+            first = ranker.first_scores([(p.target, p.search, p.prior, p._anchors(p.search)) for p in searching])
+            for p, scores in zip(searching, first):
+                p.first = (p.search, scores)
         for p in policies:
-            p.deferred = []
+            p.revisions, p.search = [], None
 
     def candidates(self, t, prefix):
         if t == 0:  # table distances (exact for the screened few, lower bounds for the rest) or scores
@@ -87,8 +104,10 @@ class Learned(Policy):
         else:  # (the loop skips ids already tried)
             cfg = self.config
             sizes = [min(cfg.batch_size, cfg.first_batch * 4 ** k) for k in range(8)]
+            first, self.search = self.first[1] if self.first is not None and self.first[0] == t else None, None
+            self.first = None
             yield from self.ranker.ranking(self.target, t, self.prior, sizes, lambda: self._anchors(t),
-                                           lambda: self._prefix_lm(prefix.ids))
+                                           lambda: self._prefix_lm(prefix.ids), first)
 
     def _prefix_lm(self, ids):
         """The LM's next-token log-probs after the verified prefix ids [t] ([V]), or None when the

@@ -229,27 +229,42 @@ class LinearRanker:
     def scores(self, target: Tensor, t: int, prior: bool, anchors=None) -> Tensor:
         """Scores of every token at position t ≥ 1 (exact for the best, token_scores): 2 × log-likelihood
         (+ the LM prior). [V]"""
-        y, g = self.anchored_residual(target, t, anchors)
-        s = self.token_scores(y, g)
-        if prior:
-            s = s + 2 * self.cal.lm_weight * self.lm_scores(target, t)
+        return self.scores_many([(target, t, prior, anchors)])[0]
+
+    def scores_many(self, requests: list[tuple]) -> Tensor:
+        """`scores` of many (target, t, prior, anchors) at once: one product over the screen for all
+        (and one over the LM head for those with the prior), where each alone reads the whole table
+        for one row (Learned.settle_many: the first ranking of every search of a lock-step round). [n, V]"""
+        ys, gains = zip(*(self.anchored_residual(target, t, anchors) for target, t, _, anchors in requests))
+        s = self.token_scores_many(torch.stack(ys), torch.tensor(gains))
+        on = [i for i, (_, _, prior, _) in enumerate(requests) if prior]
+        if on:
+            normed = self._normed(torch.stack([requests[i][0][requests[i][1] - 1] for i in on])).float()
+            self._count(len(on))
+            s[on] += 2 * self.cal.lm_weight * (normed @ self.unembed.T)
         return s
 
     def token_scores(self, y: Tensor, g: float) -> Tensor:
-        """2g·P_v·y − g²‖P_v‖² of every token v for a residual y [d]: in P's principal subspace (the
-        screen), then exactly for the EXACT_TOP best. A full-rank screen is exact already. Reading the
-        [V, r] screen instead of the [V, d] P is what a search batch's ranking costs (SmolLM2 ℓ = 15:
-        r = 128 of d = 576); rankings are read no deeper than EXACT_TOP before the loop's last batches. [V]"""
-        c = self.cal
-        self._count(1)
-        if self.exact_screen:
-            return (c.P @ y).mul_(2 * g).sub_(c.P_sq, alpha=g * g)
-        s = self._in_screen(y[None], c.p_basis, self.p_proj_low)[0].mul_(2 * g).sub_(c.P_sq, alpha=g * g)
-        top = s.topk(min(EXACT_TOP, len(s))).indices
-        s[top] = 2 * g * (c.P[top] @ y) - g * g * c.P_sq[top]
-        return s
+        """token_scores_many of one residual y [d]. [V]"""
+        return self.token_scores_many(y[None], torch.tensor([g]))[0]
 
-    def ranking(self, target: Tensor, t: int, prior: bool, sizes, anchors, prefix_lm=lambda: None):
+    def token_scores_many(self, Y: Tensor, g: Tensor) -> Tensor:
+        """2g·P_v·y − g²‖P_v‖² of every token v for residuals Y [n, d] with gains g [n]: in P's principal
+        subspace (the screen), then exactly for each row's EXACT_TOP best. A full-rank screen is exact
+        already. Reading the [V, r] screen instead of the [V, d] P is what a search batch's ranking costs
+        (SmolLM2 ℓ = 15: r = 128 of d = 576); rankings are read no deeper than EXACT_TOP before the
+        loop's last batches. [n, V]"""
+        c = self.cal
+        self._count(len(Y))
+        g = g.float()[:, None].to(Y.device)  # [n, 1]
+        if self.exact_screen:
+            return (Y @ c.P.T).mul_(2 * g).sub_(g * g * c.P_sq)
+        s = self._in_screen(Y, c.p_basis, self.p_proj_low).mul_(2 * g).sub_(g * g * c.P_sq)  # [n, V]
+        top = s.topk(min(EXACT_TOP, s.shape[1]), dim=1).indices  # [n, m]
+        exact = 2 * g * (c.P[top] @ Y[:, :, None])[..., 0] - g * g * c.P_sq[top]
+        return s.scatter_(1, top, exact)
+
+    def ranking(self, target: Tensor, t: int, prior: bool, sizes, anchors, prefix_lm=lambda: None, first=None):
         """Candidate batches for position t ≥ 1, best first, re-ranked before every batch from the
         candidates evaluated so far: anchors() -> (ids [n], states [n, d]), growing as the loop
         observes. A deep layer's ranker has heavy tails that are not always the same ranker's, so
@@ -261,7 +276,8 @@ class LinearRanker:
         scores was the LM's 7th). With the prior on, that ranking is read off the observed ĥ_{t−1};
         otherwise prefix_lm() gives it (the LM run on the verified prefix, for surfaces and layers
         without a prior), or None where the prefix does not read as text.
-        sizes: batch sizes, the last one repeated."""
+        sizes: batch sizes, the last one repeated; first: the first batch's (main, other) scores
+        [V] each if computed already (first_scores)."""
         V = self.cal.P.shape[0]
         given = torch.zeros(V, dtype=torch.bool, device=self.cal.P.device)
         other = (not prior) if self.cal.has_prior else False
@@ -272,19 +288,28 @@ class LinearRanker:
                 return
             size = min(size, left)
             seen = anchors()
-            main = self.scores(target, t, prior, seen).masked_fill(given, -float("inf"))
+            main, alt = first if k == 0 and first is not None else (self.scores(target, t, prior, seen), None)
+            main = main.masked_fill(given, -float("inf"))
             n_alt = size // 4 if (self.cal.has_prior or len(seen[0])) else 0
             if k == 2:
                 lm_ranking = self.lm_scores(target, t) if prior else prefix_lm()
             n_lm = size // 4 if lm_ranking is not None else 0
             batch = main.topk(size - n_alt - n_lm).indices
             given[batch] = True
-            for n, scores in ((n_alt, lambda: self.scores(target, t, other)), (n_lm, lambda: lm_ranking)):
+            for n, scores in ((n_alt, lambda: alt if alt is not None else self.scores(target, t, other)),
+                              (n_lm, lambda: lm_ranking)):
                 if n:
                     extra = scores().masked_fill(given, -float("inf")).topk(n).indices
                     given[extra] = True
                     batch = torch.cat([batch, extra])
             yield batch
+
+    def first_scores(self, requests: list[tuple]) -> list[tuple[Tensor, Tensor]]:
+        """The main and the other ranker's scores [V] (`ranking`'s first batch) of many searches at once,
+        each (target, t, prior, anchors): one scores_many over all. -> (main, other) per search"""
+        other = [(target, t, (not prior) if self.cal.has_prior else False, None) for target, t, prior, _ in requests]
+        s = self.scores_many(list(requests) + other)
+        return list(zip(s[:len(requests)], s[len(requests):]))
 
     def lm_scores(self, target: Tensor, t: int) -> Tensor:
         """The LM's next-token logits at position t from the observed ĥ_{t−1} (its head on the normed
