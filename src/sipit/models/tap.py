@@ -145,8 +145,8 @@ def _padded(caches: list, rows: list[int], length: int):
     return new
 
 
-def _joined(caches: list, length: int):
-    """One batch-1 cache of `length` positions: batch-1 caches one after another (extend_many's flat pass)."""
+def _joined(caches: list):
+    """One batch-1 cache: batch-1 caches one after another along the positions (extend_many's flat pass)."""
     new = copy.copy(caches[0])
     new.layers = []
     for j, layer in enumerate(caches[0].layers):
@@ -319,7 +319,7 @@ class LayerTap:
             at += rows.numel()
         cache = mask = None
         if self.layer > 0:
-            cache = _joined([p.cache for _, p in segments.values() if p.cache is not None], S) if S else self.lm.new_cache()
+            cache = _joined([p.cache for _, p in segments.values() if p.cache is not None]) if S else self.lm.new_cache()
             allowed = torch.cat([own, see], 1).to(dev)[None, None]  # [1, 1, N, S + N]
             mask = torch.zeros(allowed.shape, dtype=self.lm.dtype, device=dev).masked_fill_(
                 ~allowed, torch.finfo(self.lm.dtype).min)  # additive: eager and sdpa attention alike
