@@ -26,7 +26,8 @@ evaluated, and `certify` ("top:K", "full") evaluates more, up to the whole vocab
   about as many passes as its slowest prompt, each B times wider (flat or padded: tap.extend_many).
   There a miss's lookahead gives the continuation to its best candidate only: the others go alone
   into a pass of short rows (a batch's pass costs its tokens; alone, one pass holds every row
-  whatever their lengths); and the policies' deferred revisions are settled together (SETTLE).
+  whatever their lengths); and the policies' deferred work (re-rankings after a miss, a search's
+  first ranking) is done for the whole batch at once (SETTLE).
 
     engine = SipIt(lm, layer=15)                     # or SipIt(tap=some_tap)
     r = engine.invert_prompt(states)                 # states [T, tap.dim] -> PromptResult
