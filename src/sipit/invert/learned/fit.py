@@ -230,7 +230,7 @@ def _lm_prior(cal: Calibration, tap, H_random: Tensor, cfg: LearnedConfig) -> No
     cal.lm_weight = cfg.lm_weight
     ranker = LinearRanker(cal, tap, cfg.screen_top, torch.float32)
     H = list(H_random.float())
-    guesses = ranker.screen(torch.cat([ranker.context_residuals(h) for h in H])).split([len(h) - 1 for h in H])
+    guesses = ranker.screen(ranker.context_residuals(*H)).split([len(h) - 1 for h in H])
     means = [float(lp.mean()) for lp in ranker.lm_logprobs(H, list(guesses))]
     cal.lm_gate = float(torch.tensor(means).quantile(0.99)) + cfg.gate_margin
 

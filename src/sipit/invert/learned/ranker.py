@@ -97,10 +97,12 @@ class LinearRanker:
         bounds = rel.mul((1 - 2.0 ** -21) / (1 + e)).sub_(e / (1 + e)).clamp_min_(0)
         return top.gather(1, exact.argmin(1, keepdim=True))[:, 0], rel, bounds
 
-    def context_residuals(self, target: Tensor) -> Tensor:
-        """Whitened observations minus the predicted context part, positions 1..T-1: target [T, d] -> [T-1, d]."""
+    def context_residuals(self, *targets: Tensor) -> Tensor:
+        """Whitened observations minus the predicted context part, positions 1..T_i-1 of each target
+        [T_i, d], all in one product (a lock-step batch's 32 prompts: 34 small products took 15 ms at
+        layer 1). -> [Σ(T_i-1), d]"""
         c = self.cal
-        return target[1:] @ c.white - target[:-1] @ c.Bw - c.cw
+        return torch.cat([t[1:] for t in targets]) @ c.white - torch.cat([t[:-1] for t in targets]) @ c.Bw - c.cw
 
     def _normed(self, h: Tensor) -> Tensor:
         return h if self.final_norm else self.lm.norm(h)
@@ -190,14 +192,14 @@ class LinearRanker:
         product with few rows is bound by reading the [V, r] screen, so B prompts at once cost
         about what one does (lock-step inversion)."""
         c = self.cal
-        r = torch.cat([self.context_residuals(t) for t in targets])  # [N, d]
+        r = self.context_residuals(*targets)  # [N, d]
         plain = self.screen(r).split([len(t) - 1 for t in targets])
         logp = self.lm_logprobs(targets, plain) if c.has_prior else [None] * len(plain)
         prior = [c.has_prior and len(p) > 0 and float(lp.mean()) > c.lm_gate for p, lp in zip(plain, logp)]
         out = [(p, False) for p in plain]
         on = [i for i, x in enumerate(prior) if x]
         if on:
-            r = torch.cat([self.context_residuals(targets[i]) for i in on])
+            r = torch.cat([part for i, part in enumerate(r.split([len(t) - 1 for t in targets])) if i in on])
             n = torch.cat([self._normed(targets[i][:-1]).float() for i in on])  # [n, d]
             for i, b in zip(on, self.screen_prior(r, n).split([len(targets[i]) - 1 for i in on])):
                 out[i] = (b, True)
