@@ -117,7 +117,7 @@ def _select(cache, b: int, spans: list[tuple[int, int]]):
         if getattr(layer, "is_initialized", False):
             for name in ("keys", "values"):
                 x = getattr(layer, name)
-                setattr(layer, name, torch.cat([x[b:b + 1, :, s:s + n] for s, n in spans if n], 2).clone())
+                setattr(layer, name, torch.cat([x[b:b + 1, :, s:s + n] for s, n in spans if n], 2))  # a copy
         new.layers.append(layer)
     return new
 
@@ -267,8 +267,8 @@ class LayerTap:
         (a request larger alone runs alone), each padded (_extend_padded: rows padded to the longest,
         caches to the longest prefix, the padding masked out) or flat (_extend_flat: every row's tokens
         in one sequence), whichever its estimated cost favours. Requests whose positions reach a
-        sliding window (Gemma-3, Mistral) are neither padded nor flat with others: a flat pass's mask
-        has no window and padding would shift it; those at one prefix length share padded passes.
+        sliding window (Gemma-3, Mistral) never go flat (a flat pass's mask has no window) and share
+        padded passes only with those of their prefix length (padding would shift the window).
         -> per request (states [B_i, k_i, dim], grown(b, n) -> Prefix)."""
         window = self._sliding_window()
         groups: dict = {}
