@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -171,7 +172,11 @@ class LayerTap:
         self.lm = lm
         self.layer = lm.layer_index(layer)
         self.final_norm = final_norm
-        self._attention = None  # attention_cost(lm), for extend_many
+
+    @cached_property
+    def _attention(self) -> float:
+        """attention_cost(lm), for extend_many's pack."""
+        return attention_cost(self.lm)
 
     plain_states = True  # observes the residual stream itself: a ranker may read the LM head off it
 
@@ -275,8 +280,6 @@ class LayerTap:
         for i, (prefix, rows) in enumerate(requests):
             slides = window is not None and prefix.length + rows.shape[1] >= window - 1
             groups.setdefault(prefix.length if slides else None, []).append(i)
-        if self._attention is None:
-            self._attention = attention_cost(self.lm)
         out: list = [None] * len(requests)
         for length, members in groups.items():
             members = sorted(members, key=lambda i: -requests[i][1].shape[1])

@@ -72,8 +72,9 @@ def test_the_lm_stream_joins_from_the_third_batch(lm, ranker):
 
 def test_token_scores_screen_in_the_subspace_and_are_exact_for_the_best(lm, ranker, monkeypatch):
     """With a low-rank screen (rank 8 of d), token_scores is exact for the EXACT_TOP best by the screen
-    and the screen's value (2g·(yB)·(P_v B) − g²‖P_v‖²) for the rest; a full-rank screen is exact. A
-    bfloat16 screen gives the float32 one's values to bfloat16's rounding."""
+    and the screen's value (2g·(yB)·(P_v B) − g²‖P_v‖²) for the rest; a full-rank screen is exact. Rows
+    with their own gains scored together give what each gives alone. A bfloat16 screen gives the
+    float32 one's values to bfloat16's rounding."""
     import copy
 
     from sipit.invert.learned import ranker as module
@@ -81,13 +82,17 @@ def test_token_scores_screen_in_the_subspace_and_are_exact_for_the_best(lm, rank
     c = ranker.cal
     y, g = torch.randn(c.P.shape[1], generator=torch.Generator().manual_seed(1)), 0.7
     exact = 2 * g * (c.P @ y) - g * g * c.P_sq
-    assert c.p_basis.shape[1] == c.P.shape[1] and torch.allclose(ranker.token_scores(y, g), exact, rtol=1e-6, atol=1e-4)
+    assert c.p_basis.shape[1] == c.P.shape[1] and torch.allclose(ranker.token_scores(y[None], torch.tensor([g]))[0], exact,
+                                                                   rtol=1e-6, atol=1e-4)
     cal = copy.copy(c)
     cal.p_basis = c.p_basis[:, :8].contiguous()
     cal.p_proj = (c.P @ cal.p_basis).contiguous()
     monkeypatch.setattr(module, "EXACT_TOP", 32)
     low = LinearRanker(cal, LayerTap(lm, 2), low=torch.float32)
-    s = low.token_scores(y, g)
+    s = low.token_scores(y[None], torch.tensor([g]))[0]
+    y2 = torch.randn(c.P.shape[1], generator=torch.Generator().manual_seed(2))
+    both = low.token_scores(torch.stack([y, y2]), torch.tensor([g, 1.3]))
+    assert torch.allclose(both[0], s, atol=1e-5) and torch.allclose(both[1], low.token_scores(y2[None], torch.tensor([1.3]))[0], atol=1e-5)
     screen = 2 * g * (cal.p_proj @ (y @ cal.p_basis)) - g * g * c.P_sq
     top = screen.topk(32).indices
     rest = torch.ones(len(s), dtype=torch.bool)

@@ -238,7 +238,7 @@ class LinearRanker:
         (and one over the LM head for those with the prior), where each alone reads the whole table
         for one row (Learned.settle_many: the first ranking of every search of a lock-step round). [n, V]"""
         ys, gains = zip(*(self.anchored_residual(target, t, anchors) for target, t, _, anchors in requests))
-        s = self.token_scores_many(torch.stack(ys), torch.tensor(gains))
+        s = self.token_scores(torch.stack(ys), torch.tensor(gains))
         on = [i for i, (_, _, prior, _) in enumerate(requests) if prior]
         if on:
             normed = self._normed(torch.stack([requests[i][0][requests[i][1] - 1] for i in on])).float()
@@ -246,11 +246,7 @@ class LinearRanker:
             s[on] += 2 * self.cal.lm_weight * (normed @ self.unembed.T)
         return s
 
-    def token_scores(self, y: Tensor, g: float) -> Tensor:
-        """token_scores_many of one residual y [d]. [V]"""
-        return self.token_scores_many(y[None], torch.tensor([g]))[0]
-
-    def token_scores_many(self, Y: Tensor, g: Tensor) -> Tensor:
+    def token_scores(self, Y: Tensor, g: Tensor) -> Tensor:
         """2g·P_v·y − g²‖P_v‖² of every token v for residuals Y [n, d] with gains g [n]: in P's principal
         subspace (the screen), then exactly for each row's EXACT_TOP best. A full-rank screen is exact
         already. Reading the [V, r] screen instead of the [V, d] P is what a search batch's ranking costs
