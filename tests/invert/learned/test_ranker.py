@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from sipit.invert.learned import LinearRanker, calibrate
+from sipit.invert.learned.ranker import against
 from sipit.models import LayerTap
 
 from .conftest import FAST
@@ -155,3 +156,11 @@ def test_biased_screen_is_half_the_score_less_a_row_constant(lm, ranker):
     bf16 = LinearRanker(c, LayerTap(lm, 2), low=torch.bfloat16)
     low = bf16._biased_screen([x], bf16.screen_table)
     assert low.dtype == torch.bfloat16 and torch.allclose(low.float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 16, 17])
+def test_against_is_the_product_with_the_table_transposed(rows):
+    """against computes x @ tableᵀ by whichever layout is faster for its row count: the same numbers."""
+    table, x = torch.randn(300, 24), torch.randn(rows, 24)
+    assert torch.allclose(against(x, table), x @ table.T, atol=1e-5)
+    assert against(x, table).shape == (rows, 300)
