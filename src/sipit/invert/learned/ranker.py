@@ -243,12 +243,12 @@ class LinearRanker:
         (+ the LM prior). [V]"""
         return self.scores_many([(target, t, prior, anchors)])[0]
 
-    def scores_many(self, requests: list[tuple]) -> Tensor:
+    def scores_many(self, requests: list[tuple], exact_top: int | None = None) -> Tensor:
         """`scores` of many (target, t, prior, anchors) at once: one product over the screen for all
         (and one over the LM head for those with the prior), where each alone reads the whole table
         for one row (Learned.settle_many: the first ranking of every search of a lock-step round). [n, V]"""
         ys, gains = zip(*(self.anchored_residual(target, t, anchors) for target, t, _, anchors in requests))
-        s = self.token_scores(torch.stack(ys), torch.tensor(gains))
+        s = self.token_scores(torch.stack(ys), torch.tensor(gains), exact_top)
         on = [i for i, (_, _, prior, _) in enumerate(requests) if prior]
         if on:
             normed = self._normed(torch.stack([requests[i][0][requests[i][1] - 1] for i in on])).float()
@@ -256,9 +256,9 @@ class LinearRanker:
             s[on] += 2 * self.cal.lm_weight * against(normed, self.unembed)
         return s
 
-    def token_scores(self, Y: Tensor, g: Tensor) -> Tensor:
+    def token_scores(self, Y: Tensor, g: Tensor, exact_top: int | None = None) -> Tensor:
         """2g·P_v·y − g²‖P_v‖² of every token v for residuals Y [n, d] with gains g [n]: in P's principal
-        subspace (the screen), then exactly for each row's EXACT_TOP best. A full-rank screen is exact
+        subspace (the screen), then exactly for each row's exact_top (default EXACT_TOP) best. A full-rank screen is exact
         already. Reading the [V, r] screen instead of the [V, d] P is what a search batch's ranking costs
         (SmolLM2 ℓ = 15: r = 128 of d = 576); rankings are read no deeper than EXACT_TOP before the
         loop's last batches. [n, V]"""
@@ -268,7 +268,7 @@ class LinearRanker:
         if self.exact_screen:
             return against(Y, c.P).mul_(2 * g).sub_(g * g * c.P_sq)
         s = self._in_screen(Y, c.p_basis, self.p_proj_low).mul_(2 * g).sub_(g * g * c.P_sq)  # [n, V]
-        top = s.topk(min(EXACT_TOP, s.shape[1]), dim=1).indices  # [n, m]
+        top = s.topk(min(exact_top or EXACT_TOP, s.shape[1]), dim=1).indices  # [n, m]
         exact = 2 * g * (c.P[top] @ Y[:, :, None])[..., 0] - g * g * c.P_sq[top]
         return s.scatter_(1, top, exact)
 
@@ -296,7 +296,9 @@ class LinearRanker:
                 return
             size = min(size, left)
             seen = anchors()
-            main, alt = first if k == 0 and first is not None else (self.scores(target, t, prior, seen), None)
+            if k == 0 and first is None:
+                first = self.first_scores([(target, t, prior, seen)])[0]
+            main, alt = first if k == 0 else (self.scores(target, t, prior, seen), None)
             main = main.masked_fill(given, -float("inf"))
             n_alt = size // 4 if (self.cal.has_prior or len(seen[0])) else 0
             if k == 2:
@@ -314,9 +316,11 @@ class LinearRanker:
 
     def first_scores(self, requests: list[tuple]) -> list[tuple[Tensor, Tensor]]:
         """The main and the other ranker's scores [V] (`ranking`'s first batch) of many searches at once,
-        each (target, t, prior, anchors): one scores_many over all. -> (main, other) per search"""
+        each (target, t, prior, anchors): one scores_many over all. The first batch takes a few of each,
+        so they are exact for the screen_top best only, as the guesses' are (a lock-step round's 40 rows
+        took 42 ms with EXACT_TOP, mostly gathering 1,024 rows of P per row). -> (main, other) per search"""
         other = [(target, t, (not prior) if self.cal.has_prior else False, None) for target, t, prior, _ in requests]
-        s = self.scores_many(list(requests) + other)
+        s = self.scores_many(list(requests) + other, self.screen_top)
         return list(zip(s[:len(requests)], s[len(requests):]))
 
     def lm_scores(self, target: Tensor, t: int) -> Tensor:
