@@ -290,23 +290,35 @@ class LinearRanker:
         given = torch.zeros(V, dtype=torch.bool, device=self.cal.P.device)
         other = (not prior) if self.cal.has_prior else False
         lm_ranking = None  # the LM's next-token scores [V], asked for at the third batch
+        memo = {}  # what every batch would compute alike: the LM head's logits at t, the other ranker's scores
+
+        def once(key, compute):
+            if key not in memo:
+                memo[key] = compute()
+            return memo[key]
+
+        def scored(p: bool, seen=None) -> Tensor:  # scores(target, t, p, seen), the LM head read once
+            s = self.scores(target, t, False, seen)
+            return s.add_(once("head", lambda: self.lm_scores(target, t)), alpha=2 * self.cal.lm_weight) if p else s
+
         for k, size in enumerate(itertools.chain(sizes, itertools.repeat(sizes[-1]))):
             left = int((~given).sum())
             if left == 0:
                 return
             size = min(size, left)
             seen = anchors()
-            if k == 0 and first is None:
-                first = self.first_scores([(target, t, prior, seen)])[0]
-            main, alt = first if k == 0 else (self.scores(target, t, prior, seen), None)
+            if k == 0:
+                main, alt = first if first is not None else self.first_scores([(target, t, prior, seen)])[0]
+            else:  # (the other ranker has no anchors: after the first batch, scored once, as deep as the main one)
+                main, alt = scored(prior, seen), None
             main = main.masked_fill(given, -float("inf"))
             n_alt = size // 4 if (self.cal.has_prior or len(seen[0])) else 0
             if k == 2:
-                lm_ranking = self.lm_scores(target, t) if prior else prefix_lm()
+                lm_ranking = once("head", lambda: self.lm_scores(target, t)) if prior else prefix_lm()
             n_lm = size // 4 if lm_ranking is not None else 0
             batch = main.topk(size - n_alt - n_lm).indices
             given[batch] = True
-            for n, scores in ((n_alt, lambda: alt if alt is not None else self.scores(target, t, other)),
+            for n, scores in ((n_alt, lambda: alt if alt is not None else once("other", lambda: scored(other))),
                               (n_lm, lambda: lm_ranking)):
                 if n:
                     extra = scores().masked_fill(given, -float("inf")).topk(n).indices
