@@ -1,0 +1,73 @@
+"""A/B of the learned ranker at an earlier commit against the current one, in one process on the same
+held-out prompts, alternating: one at a time and in lock-step batches of up to 32.
+
+    python ranker_ab.py BEFORE_COMMIT LAYER SEED REPEATS [PROMPTS_PER_SOURCE]
+
+The earlier ranker.py is read with `git show` and swapped into one of two otherwise identical engines;
+every inversion must be exact. Prints the median ratio (seconds ÷ a forward of the prompt timed in the
+same run) alone, and the lock-step batch's seconds ÷ its batched forward over REPEATS runs."""
+import statistics
+import subprocess
+import sys
+import time
+import types
+
+import torch
+
+from sipit.bench.invert import prompts
+from sipit.invert import InvertConfig, SipIt
+from sipit.invert.eps import tolerance_for
+from sipit.invert.learned.config import calibration_config
+from sipit.models import LayerTap, load_model
+
+before, layer, seed, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+per_source = int(sys.argv[5]) if len(sys.argv) > 5 else 10
+torch.set_num_threads(2)
+source = subprocess.check_output(["git", "show", f"{before}:src/sipit/invert/learned/ranker.py"], text=True)
+old = types.ModuleType("sipit.invert.learned.ranker_before")
+old.__package__ = "sipit.invert.learned"
+exec(compile(source, f"ranker.py@{before}", "exec"), old.__dict__)
+
+lm = load_model("smollm2")
+data = prompts(lm, ["prose", "code", "random", "chat"], per_source, 20, seed)
+ids = torch.tensor([p for _, p in data])
+tap = LayerTap(lm, layer)
+states = tap.states(ids)
+eps = tolerance_for(tap, {states.dtype}).eps  # measured, as the bench and the CLI do
+engines = {name: SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=eps)
+           for name in (before, "now")}
+engines[before].policy.ranker.__class__ = old.LinearRanker
+for s in states[:2]:  # warm-up
+    for e in engines.values():
+        e.invert_prompt(s)
+
+alone, forward = {name: [] for name in engines}, []
+for i, (s, p) in enumerate(zip(states, ids)):
+    t = time.perf_counter()
+    tap.states(p)
+    forward.append(time.perf_counter() - t)
+    for name in (list(engines) if i % 2 else list(engines)[::-1]):
+        r = engines[name].invert_prompt(s, p.tolist())
+        assert r.ids == p.tolist() and r.status == "ok", (name, i, r.status)
+        alone[name].append(r.seconds)
+f = statistics.median(forward)
+for name, sec in alone.items():
+    print(f"layer {layer}, seed {seed}, {name}: one at a time median ratio {statistics.median(sec) / f:.2f}, "
+          f"mean {statistics.mean(sec) / f:.2f} ({len(sec)} prompts)")
+
+batch = list(range(min(32, len(ids))))
+lock, batched = {name: [] for name in engines}, []
+for rep in range(repeats):
+    t = time.perf_counter()
+    tap.states(ids[batch])
+    batched.append(time.perf_counter() - t)
+    for name in (list(engines) if rep % 2 else list(engines)[::-1]):
+        t = time.perf_counter()
+        res = engines[name].invert_prompts([states[j] for j in batch])
+        lock[name].append(time.perf_counter() - t)
+        assert all(r.ids == ids[j].tolist() for r, j in zip(res, batch))
+for name, sec in lock.items():
+    if sec:
+        print(f"layer {layer}, seed {seed}, {name}: B = {len(batch)} median {statistics.median(sec):.2f} s, "
+              f"÷ batched forward {statistics.median(sec) / statistics.median(batched):.2f} "
+              f"(runs {[round(x, 2) for x in sec]}, batched forward {[round(x, 2) for x in batched]})")
