@@ -51,8 +51,8 @@ class ClusterIndex:
         self.sizes, self.scored = counts, 0
         self.starts = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])  # [K + 1]
         bounds = self.starts.tolist()
-        self.rows_of = [self.rows[s:e].T for s, e in zip(bounds, bounds[1:])]  # per cluster [d, size] (views)
-        self.sq_of = [self.sq[s:e] for s, e in zip(bounds, bounds[1:])]
+        self.rows_of = [self.rows[s:e] for s, e in zip(bounds, bounds[1:])]  # per cluster [size, d] (views)
+        self.sq_of = [self.sq[s:e, None] for s, e in zip(bounds, bounds[1:])]  # [size, 1]
 
     def top1(self, r: Tensor, g: float, nprobe: int | None = None) -> Tensor:
         """argmax_v 2 r·P_v − g‖P_v‖² over the rows of each query's nprobe nearest clusters: r [n, d] -> ids [n].
@@ -65,8 +65,9 @@ class ClusterIndex:
         rq = r[order // nprobe]  # [n·nprobe, d]: each pair's query, in cluster order
         values, where, at = [], [], 0
         for c, k in zip(*(x.tolist() for x in clusters.unique_consecutive(return_counts=True))):
-            # 2 r·P_v − g‖P_v‖² over the cluster's rows, best per query (Python overhead dominates: few ops)
-            best = torch.addmm(self.sq_of[c], rq[at:at + k], self.rows_of[c], beta=-g, alpha=2).max(1)
+            # 2 P_v·r − g‖P_v‖² over the cluster's rows [size, k], best per query (Python overhead dominates: few
+            # ops). Rows times queries, not queries times rows: 50-70 µs a cluster against 73-97 (MKL, this AVX2 CPU)
+            best = torch.addmm(self.sq_of[c], self.rows_of[c], rq[at:at + k].T, beta=-g, alpha=2).max(0)
             values.append(best.values)
             where.append(best.indices)
             at += k
