@@ -3,9 +3,10 @@ held-out prompts, alternating: one at a time and in lock-step batches of up to 3
 
     python ranker_ab.py BEFORE_COMMIT LAYER SEED REPEATS [PROMPTS_PER_SOURCE]
 
-The earlier ranker.py is read with `git show` and swapped into one of two otherwise identical engines;
-every inversion must be exact. Prints the median ratio (seconds ÷ a forward of the prompt timed in the
-same run) alone, and the lock-step batch's seconds ÷ its batched forward over REPEATS runs."""
+The earlier ranker.py and index.py are read with `git show` and swapped into one of two otherwise identical
+engines (the same calibration and index data); every inversion must be exact. Prints the median ratio
+(seconds ÷ a forward of the prompt timed in the same run) alone, and the lock-step batch's seconds ÷ its
+batched forward over REPEATS runs."""
 import statistics
 import subprocess
 import sys
@@ -23,10 +24,16 @@ from sipit.models import LayerTap, load_model
 before, layer, seed, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 per_source = int(sys.argv[5]) if len(sys.argv) > 5 else 10
 torch.set_num_threads(2)
-source = subprocess.check_output(["git", "show", f"{before}:src/sipit/invert/learned/ranker.py"], text=True)
-old = types.ModuleType("sipit.invert.learned.ranker_before")
-old.__package__ = "sipit.invert.learned"
-exec(compile(source, f"ranker.py@{before}", "exec"), old.__dict__)
+
+
+def module_before(name: str) -> types.ModuleType:
+    """sipit/invert/learned/<name>.py as it was at the commit `before`."""
+    source = subprocess.check_output(["git", "show", f"{before}:src/sipit/invert/learned/{name}.py"], text=True)
+    module = types.ModuleType(f"sipit.invert.learned.{name}_before")
+    module.__package__ = "sipit.invert.learned"
+    exec(compile(source, f"{name}.py@{before}", "exec"), module.__dict__)
+    return module
+
 
 lm = load_model("smollm2")
 data = prompts(lm, ["prose", "code", "random", "chat"], per_source, 20, seed)
@@ -36,7 +43,11 @@ states = tap.states(ids)
 eps = tolerance_for(tap, {states.dtype}).eps  # measured, as the bench and the CLI do
 engines = {name: SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=eps)
            for name in (before, "now")}
-engines[before].policy.ranker.__class__ = old.LinearRanker
+ranker = engines[before].policy.ranker
+ranker.__class__ = module_before("ranker").LinearRanker
+if ranker.index is not None:
+    ranker.index = module_before("index").ClusterIndex(ranker.cal.P, ranker.index.assign, ranker.index.centroids,
+                                                       ranker.index.nprobe)
 for s in states[:2]:  # warm-up
     for e in engines.values():
         e.invert_prompt(s)

@@ -65,8 +65,9 @@ class ClusterIndex:
         rq = r[order // nprobe]  # [n·nprobe, d]: each pair's query, in cluster order
         values, where, at = [], [], 0
         for c, k in zip(*(x.tolist() for x in clusters.unique_consecutive(return_counts=True))):
-            # 2 P_v·r − g‖P_v‖² over the cluster's rows [size, k], best per query (Python overhead dominates: few
-            # ops). Rows times queries, not queries times rows: 50-70 µs a cluster against 73-97 (MKL, this AVX2 CPU)
+            # 2 P_v·r − g‖P_v‖² over the cluster's rows [size, k], best per query (Python overhead dominates:
+            # few ops). Rows times queries, not queries times rows: 50-70 µs a cluster against 73-97 (MKL, this
+            # project's AVX2-only CPU)
             best = torch.addmm(self.sq_of[c], self.rows_of[c], rq[at:at + k].T, beta=-g, alpha=2).max(0)
             values.append(best.values)
             where.append(best.indices)

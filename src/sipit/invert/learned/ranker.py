@@ -93,7 +93,7 @@ class LinearRanker:
         c = self.cal
         self._count(len(Y))
         if c.table is None:
-            score = 2 * against((Y.float() @ c.white0 - c.c0w), c.p0) - c.gain0 * c.p0_sq  # [B, V]
+            score = 2 * against(Y.float() @ c.white0 - c.c0w, c.p0) - c.gain0 * c.p0_sq  # [B, V]
             return score.argmax(1), -score, None
         q = (Y.double() - c.t_mean.double()).float() @ c.t_basis  # [B, k]
         q_sq = (q.double() ** 2).sum(1, keepdim=True)  # [B, 1]
@@ -258,10 +258,10 @@ class LinearRanker:
 
     def token_scores(self, Y: Tensor, g: Tensor, exact_top: int | None = None) -> Tensor:
         """2g·P_v·y − g²‖P_v‖² of every token v for residuals Y [n, d] with gains g [n]: in P's principal
-        subspace (the screen), then exactly for each row's exact_top (default EXACT_TOP) best. A full-rank screen is exact
-        already. Reading the [V, r] screen instead of the [V, d] P is what a search batch's ranking costs
-        (SmolLM2 ℓ = 15: r = 128 of d = 576); rankings are read no deeper than EXACT_TOP before the
-        loop's last batches. [n, V]"""
+        subspace (the screen), then exactly for each row's exact_top (default EXACT_TOP) best. A full-rank
+        screen is exact already. Reading the [V, r] screen instead of the [V, d] P is what a search batch's
+        ranking costs (SmolLM2 ℓ = 15: r = 128 of d = 576); rankings are read no deeper than EXACT_TOP before
+        the loop's last batches. [n, V]"""
         c = self.cal
         self._count(len(Y))
         g = g.float()[:, None].to(Y.device)  # [n, 1]
