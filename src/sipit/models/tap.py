@@ -334,8 +334,8 @@ class LayerTap:
                 new_ids = torch.cat([prefix.ids, rows[b, :m].to(dev)])
                 if cache is None or len(new_ids) == 0:
                     return Prefix(new_ids, None)
-                own = (segments[id(prefix)][0], prefix.length)
-                return Prefix(new_ids, _select(cache, 0, [own, (first + b * rows.shape[1], m)]))
+                prefix_span = (segments[id(prefix)][0], prefix.length)
+                return Prefix(new_ids, _select(cache, 0, [prefix_span, (first + b * rows.shape[1], m)]))
             results.append((states[at:at + n * k].view(n, k, -1), grown))
             at += n * k
         return results
@@ -417,7 +417,7 @@ def pack(shapes: list[tuple[int, int, int]], max_tokens: int, attention: float,
     """Cut requests of (prefix length t_i, rows n_i, row length k_i), longest rows first, into consecutive
     passes, each padded (rows to the first k, caches to the longest prefix P: Σ n·k_first tokens, each
     against P + k_first keys) or, where `flat`, flat (the N = Σ n·k tokens in one row, each against all
-    S + N keys, S = Σ t): the cut and layouts of least Σ PASS_TOKENS + tokens + attention × pairs
+    S + N keys, S = Σ t: an upper bound, as a flat pass holds a prefix shared by requests once): the cut and layouts of least Σ PASS_TOKENS + tokens + attention × pairs
     (dynamic programming over the cut points), a pass at most max_tokens tokens unless it is one
     request (alone: neither). -> (indices, flat?) per pass. (Lock-step rounds after the first carry rows
     of many lengths on prefixes of many lengths: padding them cost SmolLM2 layer 15 three passes of
