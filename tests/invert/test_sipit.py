@@ -10,6 +10,7 @@ import torch
 
 from sipit.invert import GradientConfig, InversionError, InvertConfig, SipIt, invert, run
 from sipit.invert.baselines import HardPromptsConfig
+from sipit.invert.config import batch_size_for
 from sipit.invert.policies import Exhaustive
 from sipit.invert.verify import DuplicateClasses
 from sipit.models import LayerTap, load_model, tiny_model
@@ -253,6 +254,15 @@ def test_non_finite_states_fail_without_search(lm):
     r = invert(lm, states, 2, InvertConfig(**FAST), progress=False, true_ids=ids.tolist())
     assert r.prompts[0].exact and r.prompts[1].status == "failed"
     assert "non-finite" in r.prompts[1].message and r.prompts[1].tap_calls == 0
+
+
+def test_search_batch_defaults_to_the_device(lm):
+    """256 candidates a pass on a CPU, 4096 on a GPU, unless the config says; configs without the field too."""
+    assert batch_size_for(InvertConfig(), torch.device("cpu")) == 256
+    assert batch_size_for(InvertConfig(), torch.device("cuda")) == 4096
+    assert batch_size_for(InvertConfig(batch_size=8), torch.device("cuda")) == 8
+    assert batch_size_for(HardPromptsConfig(), torch.device("cuda")) == 4096
+    assert SipIt(lm, 1, InvertConfig(policy="exhaustive")).config.batch_size == 256
 
 
 def test_bad_input_raises_clear_errors(lm):

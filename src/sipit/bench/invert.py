@@ -29,12 +29,13 @@ import json
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from . import sync
 from ..invert import InvertConfig, SipIt
+from ..invert.config import batch_size_for
 from ..invert.eps import tolerance_for
 from ..invert.learned.cli import add_calibration_option
 from ..invert.learned.config import calibration_config
@@ -118,6 +119,7 @@ class Config:
     final_norm: bool = False
     calibration: str = "full"  # the learned policy's: full | fast (learned/config.py)
     progress: bool = False
+    batch_size: int | None = None  # candidates per search pass; None: the device's (invert/config.py)
 
 
 FAST = ("learned",)
@@ -257,7 +259,7 @@ def run(cfg: Config) -> dict:
         tap = LayerTap(lm, layer, final_norm=cfg.final_norm)
         states = torch.cat([tap.states(ids[i:i + 16]) for i in range(0, len(ids), 16)])  # full forward passes
         t = time.perf_counter()
-        tol = tolerance_for(tap, {states.dtype})
+        tol = tolerance_for(tap, {states.dtype}, batch_size=batch_size_for(cfg, lm.device))
         entry = out["layers"][str(layer)] = dict(eps=tol.eps, noise=tol.noise, eps_seconds=round(time.perf_counter() - t, 2),
                                                  policies={}, certify={})
         worst = 0.0
@@ -267,8 +269,8 @@ def run(cfg: Config) -> dict:
             T = cfg.length if fast else min(cfg.slow_positions, cfg.length)
             sel = list(range(len(data))) if fast else slow
             cap = None if fast else cfg.slow_max_seconds
-            engine = SipIt(lm, layer, InvertConfig(policy=name, max_seconds=cap, learned=learned), final_norm=cfg.final_norm,
-                           eps=tol.eps)
+            config = InvertConfig(policy=name, max_seconds=cap, learned=learned, batch_size=cfg.batch_size)
+            engine = SipIt(lm, layer, config, final_norm=cfg.final_norm, eps=tol.eps)
             before = _scored(engine)
             fwd, res = _invert_all(engine, tap, ids[sel], states[sel], T, cfg, f"L{layer} {name}")
             scored = _scored(engine) - before if before is not None else None
@@ -285,8 +287,7 @@ def run(cfg: Config) -> dict:
                 sub = first_of_each_kind(data, cfg.certify_prompts) if mode != "full" else \
                     list(range(min(cfg.certify_full_prompts, len(data))))
                 n = len(sub)
-                engine = SipIt(lm, layer, InvertConfig(policy=name, certify=mode, learned=learned), final_norm=cfg.final_norm,
-                               eps=tol.eps)
+                engine = SipIt(lm, layer, replace(config, certify=mode), final_norm=cfg.final_norm, eps=tol.eps)
                 _, cres = _invert_all(engine, tap, ids[sub], states[sub], cfg.length, cfg, f"L{layer} {name} {mode}")
                 base = statistics.median(res[i].seconds for i in sub)
                 cpos = [q for r in cres for q in r.positions]
@@ -327,6 +328,8 @@ def main(argv=None):
     p.add_argument("--precision", default=d.precision)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--progress", action="store_true", help="a line per prompt on stdout before the JSON")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="candidates per forward pass when searching a position (default 256 on a CPU, 4096 on a GPU)")
     a = p.parse_args(argv)
     cfg = Config(model=a.model, layers=[int(x) for x in a.layers.split(",")] if a.layers else None,
                  policies=tuple(a.policies.split(",")), kinds=tuple(a.kinds.split(",")), prompts=a.prompts,
@@ -334,7 +337,7 @@ def main(argv=None):
                  certify=tuple(x for x in a.certify.split(",") if x), certify_prompts=a.certify_prompts,
                  certify_full_prompts=a.certify_full_prompts, batches=tuple(int(x) for x in a.batches.split(",") if x),
                  threads=a.threads, device=a.device, precision=a.precision, seed=a.seed, final_norm=a.final_norm,
-                 calibration=a.calibration, progress=a.progress)
+                 calibration=a.calibration, progress=a.progress, batch_size=a.batch_size)
     print(json.dumps(run(cfg), indent=2))
 
 

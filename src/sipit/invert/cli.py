@@ -45,7 +45,7 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     """Read and validate one states file, load its model (once per model and precision: `models`)."""
     from ..capture import check_layer, open_surface
     from ..models import LayerTap, load_model
-    from . import InvertConfig
+    from .config import InvertConfig, batch_size_for
     from .learned.config import calibration_config
     from ..states import load_states
 
@@ -89,7 +89,7 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     else:
         if args.batch_prompts < 1:
             raise SipitError(f"--batch-prompts must be at least 1, got {args.batch_prompts}")
-        config = InvertConfig(batch_size=args.batch_size, eps=args.eps, observation_error=error, certify=args.certify,
+        config = InvertConfig(batch_size=batch_size_for(args, lm.device), eps=args.eps, observation_error=error, certify=args.certify,
                               learned=calibration_config(args.calibration), batch_prompts=args.batch_prompts)
     with open(path, "rb") as f:
         key = hashlib.file_digest(f, "sha256")
@@ -265,7 +265,8 @@ def add_invert_parser(sub) -> None:
                    help="candidate ordering (default learned: calibrated once per model and layer, then cached); "
                         "bruteforce and hardprompts are the paper's baselines")
     add_calibration_option(s)
-    s.add_argument("--batch-size", type=int, default=256, help="candidates per forward pass")
+    s.add_argument("--batch-size", type=int, default=None,
+                   help="candidates per forward pass when searching a position (default 256 on a CPU, 4096 on a GPU)")
     s.add_argument("--batch-prompts", type=int, default=32,
                    help="prompts inverted together in lock-step, one forward pass serving them all (1: one at a time)")
     s.add_argument("--max-seconds", type=float, default=None,

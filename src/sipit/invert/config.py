@@ -31,7 +31,8 @@ class InvertConfig:
     observation_error: float = 0.0  # relative error the observations carry beyond recomputation (storage
     #                                 rounding, least squares from logits, added noise): added to measured ε
     certify: str = "none"  # "none" | "top:K" | "full": alternatives evaluated at every position after recovery
-    batch_size: int = 256  # candidates per forward pass when searching a position
+    batch_size: int | None = None  # candidates per forward pass when searching a position; None: the
+    #                                device's (batch_size_for)
     speculate: bool = True  # verify a policy's whole-sequence guesses in one pass, if it makes any
     lookahead_tokens: int = 32  # first search batch: candidates × (1 + guessed continuation) tokens
     first_batch: int = 16  # then candidate batches of 16, 64, 256, ... up to batch_size
@@ -46,6 +47,18 @@ class InvertConfig:
     calibration_tokens: int = 49_152  # learned policy: text + random-id tokens to fit on (one-time)
     learned: LearnedConfig | None = None  # learned policy: all its settings (e.g. LearnedConfig.fast());
     #                                       None: the defaults with calibration_tokens above
+
+
+# A CPU pass costs more with every row past a few dozen (SmolLM2 ℓ = 15: 1 / 20 / 80 new tokens 37 / 78 /
+# 123 ms); a GPU runs thousands of one-token rows in about the time of a few, so a weak ranker's long
+# search takes fewer, wider passes there.
+DEFAULT_BATCH = {"cpu": 256, "cuda": 4096}
+
+
+def batch_size_for(config, device) -> int:
+    """config.batch_size, or where it is None (or absent) the default for `device` (a torch.device)."""
+    size = getattr(config, "batch_size", None)
+    return size if size is not None else DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
 
 
 def certify_top(certify: str, vocab_size: int) -> int:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..models import LM, LayerTap, load_model
-from .config import InversionError, InvertConfig
+from .config import InversionError, InvertConfig, batch_size_for
 from .eps import tolerance_for
 from .result import InversionResult, PromptResult
 
@@ -109,7 +109,7 @@ def run(method, lm: LM | str, states, layer: int, config=None, *, final_norm: bo
     if true_ids is not None and len(true_ids) != len(prompts):
         raise InversionError(f"{len(true_ids)} ground-truth sequences for {len(prompts)} prompts")
     tol = tolerance_for(tap, {s.dtype for s in prompts}, getattr(config, "eps", None),
-                        getattr(config, "batch_size", 256), getattr(config, "observation_error", 0.0))
+                        batch_size_for(config, tap.lm.device), getattr(config, "observation_error", 0.0))
     engine = make_inverter(method, tap, config, tol.eps)
     result = InversionResult(model=tap.lm.name, layer=tap.layer, final_norm=tap.final_norm, policy=engine.name,
                              eps=tol.eps, calibration_seconds=engine.calibration_seconds,

@@ -71,6 +71,9 @@ def measure_noise(tap, batch_size: int = 256) -> list[float]:
     batched = tap.states(ids)  # [N, T, d]: observations captured in a batch
     noise = torch.zeros(LENGTH, dtype=torch.float64)
     half = LENGTH // 2
+    sizes = {2, 16, min(64, batch_size)}
+    if lm.device.type == "cuda":  # GPU kernels change with the row count: the widest batch too
+        sizes.add(batch_size)
     for i in range(N_PROMPTS):
         ref = tap.states(ids[i])  # [T, d] one single full forward
         noise = torch.maximum(noise, rel_distance(batched[i], ref).cpu())
@@ -80,7 +83,7 @@ def measure_noise(tap, batch_size: int = 256) -> list[float]:
         noise[half:] = torch.maximum(noise[half:], rel_distance(h[0], ref[half:]).cpu())
         for t in (0, 1, LENGTH - 1):  # the true token inside candidate batches of several sizes
             prefix = tap.prefill(ids[i, :t])
-            for size in sorted({2, 16, min(64, batch_size)}):
+            for size in sorted(sizes):
                 cand = torch.randint(lm.vocab_size, (size,), generator=g).to(lm.device)
                 j = int(torch.randint(size, (1,), generator=g))
                 cand[j] = ids[i, t]

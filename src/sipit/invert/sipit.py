@@ -36,14 +36,14 @@ evaluated, and `certify` ("top:K", "full") evaluates more, up to the whole vocab
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
 from ..models import LM, LayerTap
 from .certify import Certifier, Queue
-from .config import InvertConfig
+from .config import InvertConfig, batch_size_for
 from .result import Position, PromptResult, judge
 from .verify import rel_distance
 
@@ -105,7 +105,9 @@ class SipIt:
         from .policies import make_policy
 
         self.tap = tap if tap is not None else LayerTap(lm, layer, final_norm=final_norm)
-        self.lm, self.config, self.eps = self.tap.lm, config or InvertConfig(), eps
+        self.lm, self.eps = self.tap.lm, eps
+        config = config or InvertConfig()
+        self.config = replace(config, batch_size=batch_size_for(config, self.lm.device))
         self.certifier = Certifier(self.tap, self.eps, self.config.certify, self.config.batch_size)
         self.policy = make_policy(self.config.policy, self.tap, self.config)
         self.name = self.policy.name
