@@ -67,26 +67,35 @@ class Certifier:
     def certificate(self, q: Position, evaluated: dict[int, float], bounds: Tensor | None) -> None:
         """margin, margin_over, certified(_by), duplicates, also_within_eps of an accepted position from
         the distances evaluated there and lower bounds [V] for the rest."""
-        cls = self.dups.members(q.token)
-        others = {}  # a token evaluated stands for its whole class: bit-identical rows, identical states
-        for u, du in evaluated.items():
-            if u not in cls:
-                others.update(dict.fromkeys(self.dups.members(u), du))
-        margin = min(others.values(), default=None)
+        cls, rep = self.dups.members(q.token), self.dups.rep  # rep [V]: each token's class (its smallest id)
+        # a token evaluated stands for its whole class (bit-identical rows, identical states): each class
+        # gets its closest evaluated member's distance. Tensor ops over the evaluated, not a loop: a GPU
+        # search of a weak ranker evaluates ~10⁵ tokens per position (random:llama-3.1-8b on an H100,
+        # layer 1: the loop took 2.6 of 6.4 s a prompt)
+        ids = torch.tensor(list(evaluated), dtype=torch.long)
+        dist = torch.tensor(list(evaluated.values()), dtype=torch.float64)
+        keep = rep[ids] != rep[q.token]
+        classes, which = rep[ids[keep]].unique(return_inverse=True)  # [m] the other classes evaluated
+        closest = torch.full((len(classes),), torch.inf, dtype=torch.float64).scatter_reduce_(0, which, dist[keep],
+                                                                                              "amin")  # [m]
+        n_others = int(self.dups.size[classes].sum())
+        margin = float(closest.min()) if len(classes) else None
         by_bound = 0
         if bounds is not None:  # tokens never evaluated but certified to be at least this far
-            mask = torch.ones(len(bounds), dtype=torch.bool)
-            mask[cls + list(others)] = False
+            open_ = torch.ones(len(rep), dtype=torch.bool)
+            open_[classes], open_[rep[q.token]] = False, False
+            mask = open_[rep][:len(bounds)]  # [V] outside q's class and every evaluated one
             if mask.any():
                 lb, by_bound = float(bounds[mask].min()), int(mask.sum())
                 margin = lb if margin is None else min(margin, lb)
-        q.margin, q.margin_over = margin, len(others) + by_bound
+        q.margin, q.margin_over = margin, n_others + by_bound
         q.certified = q.margin_over == self.lm.vocab_size - len(cls) and margin is not None and margin > self.eps
         q.certified_by = None
         if q.certified:
-            q.certified_by = "bound" if not others else "evaluated" if not by_bound else "evaluated+bound"
+            q.certified_by = "bound" if not n_others else "evaluated" if not by_bound else "evaluated+bound"
         q.duplicates = cls if len(cls) > 1 else None
-        q.also_within_eps = sorted(u for u, du in others.items() if du <= self.eps) or None
+        near = classes[closest <= self.eps].tolist()
+        q.also_within_eps = sorted(u for c in near for u in self.dups.members(c)) or None
 
 
 class Queue:
@@ -108,9 +117,9 @@ class Queue:
                     return None
             batch = torch.as_tensor(batch, dtype=torch.long).cpu().flatten()
             batch = batch[~self.seen[batch]]
-            keep = torch.zeros(len(batch), dtype=torch.bool)  # first occurrence of each id, in order
-            keep[sorted({v: i for i, v in reversed(list(enumerate(batch.tolist())))}.values())] = True
-            self.buffer = batch[keep]
+            unique, which = batch.unique(return_inverse=True)  # keep each id's first occurrence, in order
+            first = torch.full((len(unique),), len(batch)).scatter_reduce_(0, which, torch.arange(len(batch)), "amin")
+            self.buffer = batch[first.sort().values]
         if n <= 0:
             return None
         out, self.buffer = self.buffer[:n], self.buffer[n:]

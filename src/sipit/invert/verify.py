@@ -53,7 +53,8 @@ def rel_distance(h: Tensor, target: Tensor) -> Tensor:
 class DuplicateClasses:
     """Tokens whose embedding rows (as block 0 sees them) are bit-identical.
 
-    `rep[v]` is the smallest id of v's class; `members(v)` lists the class (just [v] if unique).
+    `rep[v]` is the smallest id of v's class; `members(v)` lists the class (just [v] if unique);
+    `size[rep[v]]` counts it.
     """
 
     def __init__(self, embeddings: Tensor):
@@ -73,6 +74,7 @@ class DuplicateClasses:
                 r = min(ra, rb)
                 self.rep[self.rep == ra] = r
                 self.rep[self.rep == rb] = r
+        self.size = torch.bincount(self.rep, minlength=V)  # [V]: the class sizes, at their representatives
         self.classes: dict[int, list[int]] = {}
         for v in torch.nonzero(self.rep != torch.arange(V)).flatten().tolist():
             self.classes.setdefault(self.rep[v].item(), [self.rep[v].item()]).append(v)
