@@ -2,7 +2,7 @@
 import argparse
 from dataclasses import fields
 
-import torch
+from ..models.device import sync  # noqa: F401 (the benches' clock)
 
 
 def parse_config(config_class, argv, prog: str, description: str):
@@ -12,8 +12,3 @@ def parse_config(config_class, argv, prog: str, description: str):
         p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=f.default)
     return config_class(**vars(p.parse_args(argv)))
 
-
-def sync(device: torch.device) -> None:
-    """Wait for the device's queued kernels (CUDA runs asynchronously), so a host clock times them."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from ..models import LM, LayerTap
+from ..models.device import sync
 from .certify import Certifier, Queue
 from .config import InvertConfig, batch_size_for
 from .result import Position, PromptResult, judge
@@ -153,6 +154,7 @@ class SipIt:
             t = time.perf_counter()
             served = iter(self.tap.extend_many([(p.prefix, rows) for _, p in waiting for rows in p.rows],
                                                self.config.pass_tokens))
+            sync(self.lm.device)  # a GPU pass's time is the pass's, not the first reader's (pass_seconds)
             share = (time.perf_counter() - t) / sum(rows.numel() for _, p in waiting for rows in p.rows)
             for i, p in waiting:
                 spent = share * sum(rows.numel() for rows in p.rows)

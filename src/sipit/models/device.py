@@ -5,6 +5,7 @@
     screen_dtype(dev)                                # bfloat16 where native: rankings only
     b = batch_for(dev, bytes_per_item=4 * d * T, cap=4096)
     out = retry_on_oom(lambda b: run(batch=b), b)    # halves b on CUDA out-of-memory
+    sync(dev)                                        # before reading a host clock
 """
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
         raise ModelError("device 'mps' is not available here; use --device cpu")
     return dev
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued kernels (CUDA runs asynchronously), so a host clock times them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def screen_dtype(device: torch.device) -> torch.dtype:
