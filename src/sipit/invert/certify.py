@@ -68,17 +68,8 @@ class Certifier:
         """margin, margin_over, certified(_by), duplicates, also_within_eps of an accepted position from
         the distances evaluated there and lower bounds [V] for the rest."""
         cls, rep = self.dups.members(q.token), self.dups.rep  # rep [V]: each token's class (its smallest id)
-        # a token evaluated stands for its whole class (bit-identical rows, identical states): each class
-        # gets its closest evaluated member's distance. Tensor ops over the evaluated, not a loop: a GPU
-        # search of a weak ranker evaluates ~10⁵ tokens per position (random:llama-3.1-8b on an H100,
-        # layer 1: the loop took 2.6 of 6.4 s a prompt)
-        ids = torch.tensor(list(evaluated), dtype=torch.long)
-        dist = torch.tensor(list(evaluated.values()), dtype=torch.float64)
-        keep = rep[ids] != rep[q.token]
-        classes, which = rep[ids[keep]].unique(return_inverse=True)  # [m] the other classes evaluated
-        closest = torch.full((len(classes),), torch.inf, dtype=torch.float64).scatter_reduce_(0, which, dist[keep],
-                                                                                              "amin")  # [m]
-        n_others = int(self.dups.size[classes].sum())
+        classes, closest = self._by_class({u: du for u, du in evaluated.items() if u not in cls})
+        n_others = int(self.dups.size[classes].sum()) if len(classes) else 0
         margin = float(closest.min()) if len(classes) else None
         by_bound = 0
         if bounds is not None:  # tokens never evaluated but certified to be at least this far
@@ -94,8 +85,20 @@ class Certifier:
         if q.certified:
             q.certified_by = "bound" if not n_others else "evaluated" if not by_bound else "evaluated+bound"
         q.duplicates = cls if len(cls) > 1 else None
-        near = classes[closest <= self.eps].tolist()
+        near = classes[closest <= self.eps].tolist() if len(classes) else []
         q.also_within_eps = sorted(u for c in near for u in self.dups.members(c)) or None
+
+    def _by_class(self, distances: dict[int, float]) -> tuple[Tensor, Tensor]:
+        """Evaluated tokens {id: distance} -> (their classes [m] (representative ids), each class's closest
+        distance [m]). A token evaluated stands for its whole class (bit-identical rows, identical states).
+        Tensor ops, not a loop over the tokens: a GPU search of a weak ranker evaluates ~10⁵ tokens per
+        position (random:llama-3.1-8b on an H100, layer 1: the loop took 2.6 of 6.4 s a prompt)."""
+        if not distances:  # (most positions: only the accepted token was evaluated)
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.float64)
+        classes, which = self.dups.rep[torch.tensor(list(distances))].unique(return_inverse=True)
+        closest = torch.full((len(classes),), torch.inf, dtype=torch.float64).scatter_reduce_(
+            0, which, torch.tensor(list(distances.values()), dtype=torch.float64), "amin")
+        return classes, closest
 
 
 class Queue:
