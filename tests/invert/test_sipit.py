@@ -468,6 +468,32 @@ def test_a_near_duplicate_lists_its_whole_class():
     assert q.also_within_eps == sorted([b, c]) and q.margin_over == 2 and not q.certified
 
 
+def test_a_class_stands_at_its_closest_evaluated_member():
+    """b and c share a row; both evaluated, at different distances (a batch's rounding): the margin and
+    the within-ε list go by the closer, and the class counts once per member."""
+    from sipit.invert.certify import Certifier
+    from sipit.invert.result import Position
+
+    lm, a, b = plant_near_duplicate()
+    c = lm.encode("z")[0]
+    with torch.no_grad():
+        lm.embed.weight[c] = lm.embed.weight[b]
+    lm.forget_fingerprint()
+    q = Position(a, 0.0, None, 0, tried=3, via="search")
+    Certifier(LayerTap(lm, 2), eps=1e-4).certificate(q, {a: 0.0, c: 2e-5, b: 0.5}, None)
+    assert q.margin == 2e-5 and q.margin_over == 2 and q.also_within_eps == sorted([b, c])
+
+
+def test_the_queue_gives_each_id_once_in_the_policys_order():
+    from sipit.invert.certify import Queue
+
+    seen = torch.zeros(10, dtype=torch.bool)
+    seen[9] = True
+    queue = Queue(iter([torch.tensor([5, 3, 5, 9, 3, 1]), torch.tensor([1, 2])]), seen)
+    assert queue.take(2).tolist() == [5, 3] and queue.take(5).tolist() == [1] and queue.take(5).tolist() == [2]
+    assert queue.take(3).tolist() == [0, 4, 6]  # the policy ran out: the rest in id order
+
+
 def test_a_failure_after_a_coarse_position_says_the_prefix_may_be_wrong():
     """Position 1 matches no token (not a state at all). With ε coarse enough that position 0 has other
     tokens within ε, the message also names position 0 as possibly wrong (SmolLM2 states stored as

@@ -89,8 +89,9 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     else:
         if args.batch_prompts < 1:
             raise SipitError(f"--batch-prompts must be at least 1, got {args.batch_prompts}")
-        config = InvertConfig(batch_size=batch_size_for(args, lm.device), eps=args.eps, observation_error=error, certify=args.certify,
-                              learned=calibration_config(args.calibration), batch_prompts=args.batch_prompts)
+        config = InvertConfig(batch_size=batch_size_for(args, lm.device), eps=args.eps, observation_error=error,
+                              certify=args.certify, learned=calibration_config(args.calibration),
+                              batch_prompts=args.batch_prompts)
     with open(path, "rb") as f:
         key = hashlib.file_digest(f, "sha256")
     key.update(repr((lm.fingerprint, tap.key, args.policy, config, args.noise, args.seed, args.max_seconds)).encode())
