@@ -105,3 +105,22 @@ def test_cuda_inversion_is_exact_with_the_gpu_search_batch():
     ids = torch.tensor([[5, 17, 3, 99, 42, 7]])
     r = invert(lm, LayerTap(lm, 2).states(ids), 2, InvertConfig(policy="exhaustive"), progress=False)
     assert r.prompts[0].ids == ids[0].tolist() and r.prompts[0].status == "ok"
+
+
+def test_search_rows_fit_free_memory(monkeypatch):
+    """On a GPU a pass holds fewer rows on a longer prefix (each row its own copy of the prefix's keys and
+    values); off CUDA the cap; an inversion under a tight budget takes more, smaller passes, still exact."""
+    from sipit.invert import InvertConfig, invert
+
+    lm = load_model("tiny-llama")
+    tap = LayerTap(lm, 2)
+    ids = torch.tensor([[250, 17, 203, 99, 242, 7], [3, 240, 9, 251, 60, 199]])  # high ids: reached late
+    config = InvertConfig(policy="exhaustive")  # (the two prompts in lock-step)
+    free = invert(lm, tap.states(ids), 2, config, progress=False).prompts
+    assert tap.rows_that_fit(500, 256) == 256
+    monkeypatch.setattr(device_mod, "free_bytes", lambda dev: 400_000)
+    short, long = tap.rows_that_fit(6, 4096), tap.rows_that_fit(500, 4096)
+    assert 1 <= long < short < 256
+    tight = invert(lm, tap.states(ids), 2, config, progress=False).prompts
+    assert [p.ids for p in tight] == [p.ids for p in free] == ids.tolist() and {p.status for p in tight} == {"ok"}
+    assert tight[0].tap_calls > free[0].tap_calls

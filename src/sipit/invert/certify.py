@@ -57,7 +57,7 @@ class Certifier:
             cand = cand[~skip[cand]].unique()
             if len(cand):
                 prefix = self.tap.prefill(ids[:t])
-                for batch in cand.split(self.batch_size):
+                for batch in cand.split(self.tap.rows_that_fit(t + 1, self.batch_size)):
                     h = self.tap.extend(prefix, batch[:, None].to(self.lm.device))[:, 0]
                     known.update(zip(batch.tolist(), rel_distance(h, target[t]).cpu().tolist()))
                     cost["forward_tokens"] += len(batch)

@@ -151,9 +151,10 @@ class SipIt:
                     self._resume(i, runs[i], loops[i], None, asks, results)
                 continue
             waiting = list(asks.items())
+            longest = max(p.prefix.length for _, p in waiting)  # (a pass's tokens each hold a prefix's cache)
             t = time.perf_counter()
             served = iter(self.tap.extend_many([(p.prefix, rows) for _, p in waiting for rows in p.rows],
-                                               self.config.pass_tokens))
+                                               self.tap.rows_that_fit(longest + 1, self.config.pass_tokens)))
             sync(self.lm.device)  # a GPU pass's time is the pass's, not the first reader's (pass_seconds)
             share = (time.perf_counter() - t) / sum(rows.numel() for _, p in waiting for rows in p.rows)
             for i, p in waiting:
@@ -268,6 +269,7 @@ class SipIt:
         best in a lock-step batch (SmolLM2 ℓ = 15, 32 seed-5 prompts: 1,545 → 1,149 tokens, the batch
         4.8 → 3.8 batched forwards; the first candidate was right in 20 of 26 lookaheads)."""
         t, V, cfg = prefix.length, self.lm.vocab_size, self.config
+        fits = self.tap.rows_that_fit(t + 1, cfg.batch_size)  # (a GPU's memory holds fewer on long prefixes)
         seen = torch.zeros(V, dtype=torch.bool)
         seen[list(checked)] = True
         bounds = run.policy.lower_bounds(t)
@@ -282,7 +284,7 @@ class SipIt:
             if lookahead:
                 batch = queue.take(max(1, cfg.lookahead_tokens // (1 + len(continuation))))
             else:
-                batch = queue.take(min(cfg.batch_size, cfg.first_batch * 4 ** n_batches, limit - len(evaluated)))
+                batch = queue.take(min(fits, cfg.first_batch * 4 ** n_batches, limit - len(evaluated)))
                 n_batches += 1
             if batch is None:
                 break

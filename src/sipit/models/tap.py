@@ -18,6 +18,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from .device import batch_for
 from .lm import LM
 
 
@@ -177,6 +178,26 @@ class LayerTap:
     def _attention(self) -> float:
         """attention_cost(lm), for extend_many's pack."""
         return attention_cost(self.lm)
+
+    def rows_that_fit(self, length: int, cap: int) -> int:
+        """How many rows of `length` positions (the prefix's and one new token) a pass can hold in half
+        the device's free memory, at most cap (cap where free memory is unknown: a CPU). A pass writes
+        every row its own copy of the prefix's keys and values in each block (transformers' cache
+        concatenates), so on a GPU 4,096 rows of an 8B model on a 512-token prefix would need ~270 GB."""
+        per_position, fixed = self._row_bytes
+        return batch_for(self.lm.device, length * per_position + fixed, cap=cap)
+
+    @cached_property
+    def _row_bytes(self) -> tuple[int, int]:
+        """(bytes a row needs per position: keys and values in every block read, float32 attention
+        scores; bytes it needs anyway: the MLP's widest activations)"""
+        text = self.lm.model.config.get_text_config()
+        heads = text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or heads
+        wide = getattr(text, "intermediate_size", None) or 4 * text.hidden_size
+        size = self.lm.dtype.itemsize
+        return self.blocks_read * 2 * kv_heads * head_dim * size + 4 * heads, 4 * wide * size
 
     plain_states = True  # observes the residual stream itself: a ranker may read the LM head off it
 
