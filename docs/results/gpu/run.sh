@@ -5,7 +5,9 @@
 #   bash docs/results/gpu/run.sh layer1   # random:llama-3.1-8b, bf16, layer 1: search passes of 256 candidates
 #                                         # (the CPU's) against the GPU's default (4,096), same prompts
 #   bash docs/results/gpu/run.sh deep     # layers 16 and 32 with the GPU's default
-#   bash docs/results/gpu/run.sh          # all of it (more than one 10-minute device call: run the parts)
+#   CAP=540 bash docs/results/gpu/run.sh long   # layer 16, one 160-token prompt: passes sized by free memory
+#                                         # (LayerTap.rows_that_fit: 4,096 rows would need ~43 GB there)
+#   bash docs/results/gpu/run.sh          # all but long (more than one 10-minute device call: run the parts)
 # Each inversion run stops after ${CAP:-240} s; --progress prints a line per prompt as it finishes, so a
 # stopped run still shows its finished prompts. ${PROMPTS:-3} 20-token random-id prompts per run.
 set -uo pipefail
@@ -55,4 +57,7 @@ fi
 if [ "$what" = deep ] || [ "$what" = all ]; then
     invert L16 --layers 16
     invert L32 --layers 32
+fi
+if [ "$what" = long ]; then
+    invert L16-long --layers 16 --length 160 --prompts 1
 fi
