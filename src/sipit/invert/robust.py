@@ -159,7 +159,7 @@ class Robustness:
             best_other, d_true = float("inf"), float("nan")
             best_noisy = torch.full((S * R,), float("inf"), dtype=torch.float64)
             best_id = torch.full((S * R,), -1, dtype=torch.long)
-            for batch in cand.split(cfg.batch_size):
+            for batch in cand.split(self.tap.rows_that_fit(t + 1, cfg.batch_size)):  # (fewer on a full GPU)
                 h = self.tap.extend(prefix, batch).double()  # [B, d]
                 d = (h - clean[t]).norm(dim=-1)  # [B]
                 same = torch.isin(batch, cls)
