@@ -263,6 +263,8 @@ def test_search_batch_defaults_to_the_device(lm):
     assert batch_size_for(InvertConfig(batch_size=8), torch.device("cuda")) == 8
     assert batch_size_for(HardPromptsConfig(), torch.device("cuda")) == 4096
     assert SipIt(lm, 1, InvertConfig(policy="exhaustive")).config.batch_size == 256
+    with pytest.raises(InversionError, match="at least 1"):
+        SipIt(lm, 1, InvertConfig(batch_size=0))
 
 
 def test_bad_input_raises_clear_errors(lm):

@@ -56,8 +56,11 @@ DEFAULT_BATCH = {"cpu": 256, "cuda": 4096}
 
 
 def batch_size_for(config, device) -> int:
-    """config.batch_size, or where it is None (or absent) the default for `device` (a torch.device)."""
+    """config.batch_size, or where it is None (or absent) the default for `device` (a torch.device).
+    Raises InversionError below 1."""
     size = getattr(config, "batch_size", None)
+    if size is not None and size < 1:
+        raise InversionError(f"batch size (candidates per pass) must be at least 1, got {size}")
     return size if size is not None else DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
 
 
