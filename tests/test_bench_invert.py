@@ -23,6 +23,9 @@ def test_bench_invert_reports_every_policy_on_the_same_prompts():
     by_kind = learned["ratio_by_kind"]  # per source: median and max of the prompts' own ratios
     assert set(by_kind) == {"prose", "random"} and all(0 < k["median"] <= k["max"] for k in by_kind.values())
     assert set(exhaustive["ratio_by_kind"]) == {"prose", "random"}
+    # one-pass prompts (every guess right): the exhaustive policy never guesses; per source and in all
+    assert exhaustive["one_pass_prompts"] == "0/2" and {k["one_pass"] for k in exhaustive["ratio_by_kind"].values()} == {"0/1"}
+    assert sum(int(k["one_pass"].split("/")[0]) for k in by_kind.values()) == int(learned["one_pass_prompts"].split("/")[0])
     assert set(learned["amortised_seconds_per_prompt"]) == {"1", "100", "10000"}
     assert layer["certify"]["learned top:8"]["prompts"] == 2 and layer["eps_headroom"] > 1
     # lock-step: B = 1 and 3 (one batch of 3, the 4th prompt left out); B = 8 > 4 prompts is not run

@@ -205,10 +205,14 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V, scored: int | None = 
     tried = [q.tried for q in positions]
     by_kind: dict = {}
     ratios: dict = {}  # per text source: each prompt's seconds ÷ its own forward pass
+    # prompts whose every guess was right: one pass (each wrong guess costs at least one more, so the share of
+    # these places the median ratio: docs/results/invert/README.md, "Where the time goes at the limit")
+    one_pass: dict = {}
     for (kind, _), r, f, t in zip(data, res, fwd, per_prompt):
         k = by_kind.setdefault(kind, [0, 0])
         k[0], k[1] = k[0] + bool(r.exact), k[1] + 1
         ratios.setdefault(kind, []).append(t / f)
+        one_pass.setdefault(kind, []).append(all(q.via == "speculation" for q in r.positions))
     median = statistics.median(per_prompt)
     cal = engine.calibration_seconds
     accepted = [q.distance for q in positions if q.token is not None]
@@ -220,7 +224,9 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V, scored: int | None = 
         time_capped=sum(r.status == "failed" and "time cap" in r.message for r in res),
         seconds_per_prompt_median=round(median, 4), forward_seconds_median=round(statistics.median(fwd), 4),
         ratio_to_forward=round(median / statistics.median(fwd), 3),
-        ratio_by_kind={k: dict(median=round(statistics.median(v), 3), max=round(max(v), 3)) for k, v in ratios.items()},
+        ratio_by_kind={k: dict(median=round(statistics.median(v), 3), max=round(max(v), 3),
+                               one_pass=f"{sum(one_pass[k])}/{len(v)}") for k, v in ratios.items()},
+        one_pass_prompts=f"{sum(sum(v) for v in one_pass.values())}/{len(res)}",
         # where the time goes, each prompt ÷ its forward, medians: the loop's forward passes, and the rest
         # (ranking, certificates, the loop's Python)
         ratio_split=dict(passes=round(statistics.median(r.pass_seconds * cfg.length / T / f for r, f in zip(res, fwd)), 3),
