@@ -41,7 +41,6 @@ from ..invert.learned.cli import add_calibration_option
 from ..invert.learned.config import calibration_config
 from ..invert.learned.data import calibration_ids, random_ids, stdlib_files
 from ..models import LayerTap, load_model
-from ..models.load import TINY
 
 TAKES_DEVICE = True  # `sipit bench invert --device cuda` passes the device on
 
@@ -249,9 +248,8 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V, scored: int | None = 
 
 def run(cfg: Config) -> dict:
     torch.set_num_threads(cfg.threads)
-    top = max(cfg.layers) if cfg.layers and min(cfg.layers) >= 0 and cfg.model not in TINY else None  # load only
-    #                                                                        the blocks needed (tiny: always whole)
-    lm = load_model(cfg.model, precision=cfg.precision, device=cfg.device, max_layer=top)
+    # the whole model: the learned policy's calibrations below the last layer read it (their lens prior)
+    lm = load_model(cfg.model, precision=cfg.precision, device=cfg.device)
     V = lm.vocab_size
     layers = cfg.layers or [1, lm.n_layers // 2, lm.n_layers]
     data = prompts(lm, list(cfg.kinds), cfg.prompts, cfg.length, cfg.seed)

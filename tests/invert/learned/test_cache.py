@@ -44,16 +44,22 @@ def test_same_weights_under_another_name_reuse_the_calibration(cache):
 
 
 def test_a_load_with_max_layer_shares_the_whole_models_calibrations(cache, saved_tiny):
-    """The key covers the blocks the tap reads, not those above: a load of blocks 1..2 finds the whole
-    model's calibration at layer 1 (`bench invert --layers 1,15` refitted both layers), and one it fits at
-    layer 2 is the whole model's (no LM prior: layer 2 is the last one loaded, not the last layer)."""
+    """Without a lens the key covers the blocks the tap reads, not those above: a load of blocks 1..2 finds
+    the whole model's calibration at layer 1, and one it fits at layer 2 is the whole model's (no LM prior:
+    layer 2 is the last one loaded, not the last layer). With one (the default), a calibration below the last
+    layer reads every block: the whole model's has a lens, a cut load fits its own without."""
     d = saved_tiny("tiny-llama")[1]
     whole, cut = load_model(d), load_model(d, max_layer=2)
-    assert load_or_calibrate(LayerTap(whole, 1), FAST)[1] > 0 and load_or_calibrate(LayerTap(cut, 1), FAST)[1] == 0.0
-    cal, seconds = load_or_calibrate(LayerTap(cut, 2), FAST)
-    assert seconds > 0 and not cal.has_prior
-    assert load_or_calibrate(LayerTap(whole, 2), FAST)[1] == 0.0
-    assert load_or_calibrate(LayerTap(whole, 4), FAST)[0].has_prior  # the last layer has it
+    plain = dataclasses.replace(FAST, lens_rows=0)
+    assert load_or_calibrate(LayerTap(whole, 1), plain)[1] > 0 and load_or_calibrate(LayerTap(cut, 1), plain)[1] == 0.0
+    cal, seconds = load_or_calibrate(LayerTap(cut, 2), plain)
+    assert seconds > 0 and not cal.has_prior and cal.lens_w is None
+    assert load_or_calibrate(LayerTap(whole, 2), plain)[1] == 0.0
+    assert load_or_calibrate(LayerTap(whole, 4), plain)[0].has_prior  # the last layer has it
+    lensed, cut_cal = load_or_calibrate(LayerTap(whole, 1), FAST)[0], load_or_calibrate(LayerTap(cut, 1), FAST)[0]
+    assert lensed.lens_w is not None and lensed.lens_gate is not None and cut_cal.lens_w is None
+    assert cache_path(LayerTap(whole, 1), FAST) != cache_path(LayerTap(cut, 1), FAST)
+    assert load_or_calibrate(LayerTap(whole, 4), FAST)[0].lens_w is None  # the last layer reads the LM head itself
 
 
 def test_key_changes_with_what_is_observed_and_with_settings(cache):
@@ -73,15 +79,16 @@ def test_invert_config_calibration_tokens_reaches_the_learned_config():
 
 
 def test_default_key_unchanged_and_fast_mode_keyed_apart():
-    """The default settings' part of the key is pinned (as computed with VERSION 5, when the weights
-    part became the blocks the tap reads): adding a setting must not orphan the cached calibrations;
-    table_tokens (fast mode) gives another key."""
+    """The default settings' part of the key is pinned (as computed with VERSION 6, when the lens prior
+    came: a calibration below the last layer is keyed by every block): adding a setting must not orphan the
+    cached calibrations; table_tokens (fast mode) gives another key."""
     default = ("{'calibration_tokens': 49152, 'seq_len': 64, 'random_fraction': 0.2, 'ridge': 0.001, "
                "'screen_rank': 128, 'screen_top': 64, 'screen_agree': 0.995, 'gains': (0.4, 0.5, 0.6, 0.7, 0.8, "
-               "0.9, 1.0), 'validation_rows': 32, 'lm_weight': 5.0, 'gate_rows': 128, 'gate_margin': 1.0}")
+               "0.9, 1.0), 'validation_rows': 32, 'lm_weight': 5.0, 'gate_rows': 128, 'gate_margin': 1.0, "
+               "'lens_rows': 256}")
     assert LearnedConfig().fit_key() == default and calibration_config("full") == LearnedConfig()
     lm = load_model("tiny-gpt2")
-    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-29729e792e3f")
+    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-3afff35b7610")
     fast = calibration_config("fast")
     assert fast.table_tokens == 4096 and fast.calibration_tokens == 16384
     assert cache_path(LayerTap(lm, 2), fast) != cache_path(LayerTap(lm, 2), LearnedConfig())

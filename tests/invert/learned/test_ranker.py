@@ -52,6 +52,26 @@ def test_guesses_recover_a_text_prompt(lm, ranker):
     assert not prior and float((guesses == ids[1:]).float().mean()) >= 0.8
 
 
+def test_the_lens_reranks_the_screens_best_of_text_like_prompts_only(lm, ranker):
+    """Below the last layer the calibration has a lens: the LM head read through a translation of the previous
+    state. A prompt scoring above lens_gate gets the screen's best re-ranked by score + 2·lm_weight·logit
+    (with a huge weight: the best logit among them); one below keeps the plain top-1."""
+    import copy
+
+    cal = ranker.cal
+    assert cal.lens_w is not None and cal.lens_w.shape == (lm.d_model, lm.d_model) and cal.lens_gate is not None
+    target = LayerTap(lm, 2).states(torch.tensor(lm.encode("The cat sat on the mat and looked at the dog.")[:12]))
+    top, scores = ranker.screen_best(ranker.context_residuals(target))
+    assert top.shape[1] == min(ranker.screen_top, lm.vocab_size) and bool((scores[:, :-1] >= scores[:, 1:]).all())
+    logits = ranker.lens_logits(target[:-1], top)
+    assert not torch.equal(logits.argmax(1), torch.zeros(len(top), dtype=torch.long))  # the two cases differ
+    for gate, weight, expect in ((float("inf"), 5.0, top[:, 0]), (-float("inf"), 1e6, top.gather(1, logits.argmax(1, keepdim=True))[:, 0])):
+        other = copy.copy(ranker)
+        other.cal = copy.copy(cal)
+        other.cal.lens_gate, other.cal.lm_weight = gate, weight
+        assert torch.equal(other.guesses([target])[0][0], expect)
+
+
 def test_the_lm_stream_joins_from_the_third_batch(lm, ranker):
     """Without a prior the LM's ranking comes from prefix_lm(), asked for once, at the third batch:
     the token it ranks first is in that batch even when the linear scores rank it last."""

@@ -19,7 +19,7 @@ from torch import Tensor
 from ...models.load import cache_dir
 from .config import LearnedConfig
 
-VERSION = 5  # bump whenever what is fitted, stored or keyed changes (5: keyed by the blocks the tap reads)
+VERSION = 6  # bump whenever what is fitted, stored or keyed changes (6: the lens prior below the last layer)
 
 
 @dataclass
@@ -39,6 +39,10 @@ class Calibration:
     LM prior (last layer of plain states only, else None):
         u_basis [d, k], u_proj [V, k]   LM-head rows in their principal subspace
         lm_gate: mean LM log-prob of a prompt's plain guesses above which the prior is on; lm_weight
+    Lens prior (plain states below the last layer, else None): the LM head read through a translator
+    of the observed state to the last layer's (a tuned lens, least squares on calibration text)
+        lens_w [d, d], lens_b [d]: h_last ≈ ĥ lens_w + lens_b;  lens_gate: LinearRanker.lens_text_score
+        above which a prompt's guesses are re-ranked with it (lm_weight)
     """
 
     key: str
@@ -64,6 +68,9 @@ class Calibration:
     white0: Tensor | None = None
     c0w: Tensor | None = None
     gain0: float | None = None
+    lens_w: Tensor | None = None
+    lens_b: Tensor | None = None
+    lens_gate: float | None = None
 
     @property
     def has_prior(self) -> bool:
@@ -104,15 +111,24 @@ class Calibration:
         return cls(**values)
 
 
-def calibration_key(tap, config: LearnedConfig) -> str:
-    """Content key: fingerprint of the weights the tap reads, what it observes, fit settings, VERSION."""
+def lens_fitted(tap, config: LearnedConfig) -> bool:
+    """Whether the tap's calibration gets a lens prior: plain states below the last layer of a model loaded
+    whole (the lens reads the last layer), lens_rows > 0."""
     lm = tap.lm
-    settings = f"{VERSION}:{config.fit_key()}"
+    return config.lens_rows > 0 and getattr(tap, "plain_states", False) and tap.layer < lm.depth == lm.n_layers
+
+
+def calibration_key(tap, config: LearnedConfig) -> str:
+    """Content key: fingerprint of the weights the tap reads (every block's with a lens), what it observes, fit
+    settings, VERSION."""
+    lm = tap.lm
+    settings = f"{VERSION}:{config.fit_key()}" + (":lens" if lens_fitted(tap, config) else "")
     tokens, sample = config.sizes(lm.d_model, lm.vocab_size)
     if tokens != config.calibration_tokens or sample not in (None, config.table_tokens):  # raised for a wide model
         settings += f":sizes={tokens},{sample}"
     settings = hashlib.sha256(settings.encode()).hexdigest()[:12]
-    return f"{lm.fingerprint_through(tap.blocks_read)}-{tap.key}-{settings}"
+    blocks = lm.depth if lens_fitted(tap, config) else tap.blocks_read
+    return f"{lm.fingerprint_through(blocks)}-{tap.key}-{settings}"
 
 
 def cache_path(tap, config: LearnedConfig) -> Path:

@@ -28,6 +28,9 @@ class LearnedConfig:
     lm_weight: float = 5.0
     gate_rows: int = 128  # fresh random-id rows (20 tokens) placing the text/random gate ...
     gate_margin: float = 1.0  # ... this many nats above their 99th percentile of mean LM log-prob
+    # --- lens prior (below the last layer, plain states only): the same weight, through a tuned lens
+    lens_rows: int = 256  # calibration rows whose last-layer states fit the lens (their blocks above the tap run
+    #                       once more); 0: no lens prior
     # --- runtime (ranker.py, policy.py); not part of the calibration's cache key
     max_anchors: int = 1024  # evaluated candidates kept per position for re-ranking
 

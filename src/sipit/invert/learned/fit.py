@@ -12,6 +12,10 @@ The position-0 table is a nonlinear feature of the token (its state through all 
 context): at ℓ = 15 of SmolLM2 it cuts the mean rank of the true token from 6 to 0.1. The
 residuals' covariance Σ gives the whitening W = Σ^{-1/2}; scores are Gaussian log-likelihoods.
 
+Below the last layer (plain states, a model loaded whole) the first `lens_rows` rows also go on to the last
+layer, and a ridge translator h_last ≈ ĥ lens_w + lens_b (a tuned lens) lets the ranker read the LM head
+off an observed state: a prior for the guesses of text-like prompts (ranker.lens_guesses).
+
 Fast calibration (LearnedConfig.table_tokens set, `--calibration fast`): the table costs V tokens
 through ℓ blocks (half of SmolLM2's calibration at ℓ = 30; over an hour for a 1.5B model with
 V = 151,936 on 2 cores), so only a seeded sample of table_tokens tokens goes through at position 0,
@@ -31,7 +35,7 @@ from torch import Tensor
 
 from ...models.device import screen_dtype
 from ...models.tap import LayerTap, position0_tables, run_taps
-from .cache import Calibration, cache_path, calibration_key, load_cached
+from .cache import Calibration, cache_path, calibration_key, lens_fitted, load_cached
 from .config import LearnedConfig
 from .data import calibration_ids, random_ids
 from .ranker import LinearRanker
@@ -142,14 +146,23 @@ def position0_models(observe: Observe, E: Tensor, sample: Tensor, lam: float, ba
 
 @torch.no_grad()
 def _forward_models(observe: Observe, E: Tensor, tables: list[Tensor | None], ids: Tensor, lam: float,
-                    batch: int = 16, desc: str = "") -> list[dict[str, Tensor]]:
+                    batch: int = 16, desc: str = "", lens: tuple | None = None) -> list[dict[str, Tensor]]:
     """Per target: P, P_sq, white, Bw, cw (see Calibration) from the states of ids [N, S]
-    (tables: per target the position-0 table, a token feature, or None in fast mode)."""
+    (tables: per target the position-0 table, a token feature, or None in fast mode). lens: (observe_to_last,
+    rows, targets): for the first `rows` rows observe_to_last gives the observations and then the last layer's
+    states [B, S, d], and the targets listed also get lens_w, lens_b (h_last ≈ ĥ lens_w + lens_b, ridge)."""
     moments = [Moments() for _ in tables]
+    lens_moments = {j: Moments() for j in (lens[2] if lens else [])}
     for i in _progress(range(0, len(ids), batch), f"calibration {desc}: states of text"):
         rows = ids[i:i + batch]
         v = rows[:, 1:].reshape(-1)
-        for m, table, H in zip(moments, tables, observe(rows)):
+        if lens_moments and i < lens[1]:
+            *states, last = lens[0](rows)
+            for j, m in lens_moments.items():
+                m.add(states[j].reshape(-1, states[j].shape[-1]), last.reshape(-1, last.shape[-1]))
+        else:
+            states = observe(rows)
+        for m, table, H in zip(moments, tables, states):
             d = H.shape[-1]
             X = torch.cat([_token_rows(E, table, v), H[:, :-1].reshape(-1, d).float()], 1)  # [n, F]
             m.add(X, H[:, 1:].reshape(-1, d))
@@ -162,6 +175,9 @@ def _forward_models(observe: Observe, E: Tensor, tables: list[Tensor | None], id
         P, P_sq = _predictions(E, table, mx, (Ws[:F] @ white).float())  # float32 products suffice here
         out.append(dict(P=P, P_sq=P_sq, white=white.float(), Bw=(B @ white).float(),
                         cw=((my - mx[F:] @ B) @ white).float()))
+    for j, m in lens_moments.items():
+        Ws, mx, my, _ = m.ridge(lam)
+        out[j].update(lens_w=Ws.float(), lens_b=(my - mx @ Ws).float())
     return out
 
 
@@ -235,14 +251,28 @@ def _lm_prior(cal: Calibration, tap, H_random: Tensor, cfg: LearnedConfig) -> No
     cal.lm_gate = float(torch.tensor(means).quantile(0.99)) + cfg.gate_margin
 
 
+def _lens_gate(cal: Calibration, tap, H_random: Tensor, cfg: LearnedConfig) -> None:
+    """Below the last layer, the lens prior's weight and gate: LinearRanker.lens_text_score of text sits above
+    it, of random ids below (SmolLM2 ℓ = 15, the seed-5 bench prompts: text −5.6 to −1.5, random −7.7 to −6.2);
+    it is cfg.gate_margin above the 99th percentile of fresh random-id rows H_random [n, S, d]."""
+    cal.lm_weight = cfg.lm_weight
+    ranker = LinearRanker(cal, tap, cfg.screen_top, torch.float32)
+    H = list(H_random.float())
+    top, _ = ranker.screen_best(ranker.context_residuals(*H))
+    logits = ranker.lens_logits(torch.cat([h[:-1] for h in H]), top).split([len(h) - 1 for h in H])
+    cal.lens_gate = float(torch.tensor([ranker.lens_text_score(x) for x in logits]).quantile(0.99)) + cfg.gate_margin
+
+
 def observes_plain_states(tap) -> bool:
     """The LM prior reads the LM head off the observed state: only for plain residual-stream taps."""
     return getattr(tap, "plain_states", False)  # LayerTap: True; surfaces: False
 
 
 @torch.no_grad()
-def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig) -> list[Calibration]:
-    """Calibrations of several taps of one LM whose states `observe` returns together (one pass)."""
+def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig,
+                     observe_to_last: Observe | None = None) -> list[Calibration]:
+    """Calibrations of several taps of one LM whose states `observe` returns together (one pass);
+    observe_to_last: the same and then the last layer's states, for the lens (cache.lens_fitted)."""
     t0 = time.perf_counter()
     lm = taps[0].lm
     desc = f"{lm.name} {','.join(t.key for t in taps)}"
@@ -255,7 +285,9 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig) -> list[C
     else:
         tables = position0_tables(observe, lm.vocab_size, lm.device, desc=f"calibration {desc}")
     ids = calibration_ids(lm, n_tokens, cfg.seq_len, cfg.random_fraction).to(lm.device)
-    parts = _forward_models(observe, E, tables, ids, cfg.ridge, desc=desc)
+    with_lens = [j for j, tap in enumerate(taps) if lens_fitted(tap, cfg)] if observe_to_last else []
+    parts = _forward_models(observe, E, tables, ids, cfg.ridge, desc=desc,
+                            lens=(observe_to_last, cfg.lens_rows, with_lens) if with_lens else None)
     val = calibration_ids(lm, cfg.validation_rows * cfg.seq_len, cfg.seq_len, cfg.random_fraction, seed=1)
     val = val[:, :VALIDATION_LEN].to(lm.device)
     gate = random_ids(lm.vocab_size, cfg.gate_rows, VALIDATION_LEN, seed=2).to(lm.device)
@@ -273,6 +305,8 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig) -> list[C
         cal = _screening(dict(parts[j], **first), H_val[j].float(), val, cfg, tap)
         if observes_plain_states(tap) and tap.layer == lm.depth:  # not n_layers: max_layer may cut the model
             _lm_prior(cal, tap, H_gate[j], cfg)
+        if cal.lens_w is not None:
+            _lens_gate(cal, tap, H_gate[j], cfg)
         cal.key = calibration_key(tap, cfg)
         out.append(cal)
     seconds = time.perf_counter() - t0
@@ -303,7 +337,9 @@ def calibrate_taps(lm, taps: list, config: LearnedConfig | None = None) -> list[
     low = screen_dtype(lm.device)
     low_ok = config.low_precision_states and not config.has_table(lm.vocab_size)  # a table's bounds need exact states
     runner = lm.copy_in(low) if low_ok and low.itemsize < lm.dtype.itemsize else lm
-    return fit_calibrations(taps, lambda ids: [x.float() for x in run_taps(runner, taps, ids)], config)
+    with_last = [*taps, LayerTap(lm, lm.depth)] if lm.n_layers == lm.depth else None  # (a cut model: no lens)
+    return fit_calibrations(taps, lambda ids: [x.float() for x in run_taps(runner, taps, ids)], config,
+                            (lambda ids: [x.float() for x in run_taps(runner, with_last, ids)]) if with_last else None)
 
 
 def load_or_calibrate(tap, config: LearnedConfig | None = None) -> tuple[Calibration, float]:
