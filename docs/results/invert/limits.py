@@ -6,7 +6,8 @@ guess in the first pass) could save.
 
 1. Pass cost: the median of 7 passes of k new tokens on a 10-token prefix (float32, the model's dtype), and
    of the model's bfloat16 copy (a draft model's passes would cost that).
-2. The first guesses (LinearRanker.guesses, from the observed states alone) against the truth: wrong
+2. The first guesses (LinearRanker.guesses, from the observed states alone; the full calibration without the
+   lens prior, lens_rows=0, as this analysis was made before it: lens_ab.py compares) against the truth: wrong
    positions per source, and prompts with none (those are inverted in one pass; each wrong guess costs
    at least one more).
 3. Forks: at each position, the runner-ups (2nd..(K+1)th by the exact scores, `scores_many`) within G of
@@ -15,6 +16,7 @@ guess in the first pass) could save.
    the guess).
 4. A bfloat16 copy's states of the true prompts against the float32 ones, and of 255 random wrong tokens at
    position 10 of the first 12 prompts (relative distances): how well a draft model would screen."""
+import dataclasses
 import statistics
 import sys
 import time
@@ -50,7 +52,8 @@ for name, model in (("float32", lm), ("bfloat16", low)):
             seconds.append(time.perf_counter() - t)
         print(f"   {name}: {k:2d} tokens {1000 * statistics.median(seconds):5.1f} ms")
 
-ranker = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full"))).policy.ranker
+plain = dataclasses.replace(calibration_config("full"), lens_rows=0)  # the ranker before the lens prior
+ranker = SipIt(lm, layer, InvertConfig(policy="learned", learned=plain)).policy.ranker
 guesses = ranker.guesses(states)
 K, T = 4, ids.shape[1]
 runner_ups, gaps = [], []
