@@ -248,8 +248,10 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V, scored: int | None = 
 
 def run(cfg: Config) -> dict:
     torch.set_num_threads(cfg.threads)
-    # the whole model: the learned policy's calibrations below the last layer read it (their lens prior)
-    lm = load_model(cfg.model, precision=cfg.precision, device=cfg.device)
+    # the whole model: the learned policy's calibrations below the last layer read it (their lens prior); but a
+    # model without a tokenizer (random:<arch>) has no text to fit a lens on: only the blocks needed (an 8B model)
+    top = max(cfg.layers) if cfg.model.startswith("random:") and cfg.layers and min(cfg.layers) >= 0 else None
+    lm = load_model(cfg.model, precision=cfg.precision, device=cfg.device, max_layer=top)
     V = lm.vocab_size
     layers = cfg.layers or [1, lm.n_layers // 2, lm.n_layers]
     data = prompts(lm, list(cfg.kinds), cfg.prompts, cfg.length, cfg.seed)
