@@ -113,9 +113,11 @@ class Calibration:
 
 def lens_fitted(tap, config: LearnedConfig) -> bool:
     """Whether the tap's calibration gets a lens prior: plain states below the last layer of a model loaded
-    whole (the lens reads the last layer), lens_rows > 0."""
+    whole (the lens reads the last layer) that has a tokenizer (text to fit it on; random:<arch> has none),
+    lens_rows > 0."""
     lm = tap.lm
-    return config.lens_rows > 0 and getattr(tap, "plain_states", False) and tap.layer < lm.depth == lm.n_layers
+    return (config.lens_rows > 0 and getattr(tap, "plain_states", False) and lm.tokenizer is not None
+            and tap.layer < lm.depth == lm.n_layers)
 
 
 def calibration_key(tap, config: LearnedConfig) -> str:
