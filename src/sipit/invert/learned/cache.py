@@ -123,14 +123,13 @@ def lens_fitted(tap, config: LearnedConfig) -> bool:
 def calibration_key(tap, config: LearnedConfig) -> str:
     """Content key: fingerprint of the weights the tap reads (every block's with a lens), what it observes, fit
     settings, VERSION."""
-    lm = tap.lm
-    settings = f"{VERSION}:{config.fit_key()}" + (":lens" if lens_fitted(tap, config) else "")
+    lm, lens = tap.lm, lens_fitted(tap, config)
+    settings = f"{VERSION}:{config.fit_key()}" + (":lens" if lens else "")
     tokens, sample = config.sizes(lm.d_model, lm.vocab_size)
     if tokens != config.calibration_tokens or sample not in (None, config.table_tokens):  # raised for a wide model
         settings += f":sizes={tokens},{sample}"
     settings = hashlib.sha256(settings.encode()).hexdigest()[:12]
-    blocks = lm.depth if lens_fitted(tap, config) else tap.blocks_read
-    return f"{lm.fingerprint_through(blocks)}-{tap.key}-{settings}"
+    return f"{lm.fingerprint_through(lm.depth if lens else tap.blocks_read)}-{tap.key}-{settings}"
 
 
 def cache_path(tap, config: LearnedConfig) -> Path:

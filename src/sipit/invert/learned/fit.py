@@ -247,20 +247,25 @@ def _lm_prior(cal: Calibration, tap, H_random: Tensor, cfg: LearnedConfig) -> No
     ranker = LinearRanker(cal, tap, cfg.screen_top, torch.float32)
     H = list(H_random.float())
     guesses = ranker.screen(ranker.context_residuals(*H)).split([len(h) - 1 for h in H])
-    means = [float(lp.mean()) for lp in ranker.lm_logprobs(H, list(guesses))]
-    cal.lm_gate = float(torch.tensor(means).quantile(0.99)) + cfg.gate_margin
+    cal.lm_gate = _above_random([float(lp.mean()) for lp in ranker.lm_logprobs(H, list(guesses))], cfg)
+
+
+def _above_random(scores: list[float], cfg: LearnedConfig) -> float:
+    """A text/random gate: cfg.gate_margin above the 99th percentile of random-id rows' scores."""
+    return float(torch.tensor(scores).quantile(0.99)) + cfg.gate_margin
 
 
 def _lens_gate(cal: Calibration, tap, H_random: Tensor, cfg: LearnedConfig) -> None:
     """Below the last layer, the lens prior's weight and gate: LinearRanker.lens_text_score of text sits above
-    it, of random ids below (SmolLM2 ℓ = 15, the seed-5 bench prompts: text −5.6 to −1.5, random −7.7 to −6.2);
-    it is cfg.gate_margin above the 99th percentile of fresh random-id rows H_random [n, S, d]."""
+    it, of random ids below (SmolLM2 ℓ = 15, full calibration, the seed-5 bench prompts: text −5.4 to −1.4, random
+    −7.7 to −6.3, the gate −4.6); placed as the LM prior's is (_above_random), on fresh random-id rows H_random
+    [n, S, d]."""
     cal.lm_weight = cfg.lm_weight
     ranker = LinearRanker(cal, tap, cfg.screen_top, torch.float32)
     H = list(H_random.float())
     top, _ = ranker.screen_best(ranker.context_residuals(*H))
     logits = ranker.lens_logits(torch.cat([h[:-1] for h in H]), top).split([len(h) - 1 for h in H])
-    cal.lens_gate = float(torch.tensor([ranker.lens_text_score(x) for x in logits]).quantile(0.99)) + cfg.gate_margin
+    cal.lens_gate = _above_random([ranker.lens_text_score(x) for x in logits], cfg)
 
 
 def observes_plain_states(tap) -> bool:
