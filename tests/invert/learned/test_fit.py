@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sipit.invert.learned import Calibration, calibrate, calibrate_layers
-from sipit.invert.learned.fit import Moments, fit_calibrations
+from sipit.invert.learned.fit import Moments, TokenMoments, fit_calibrations
 from sipit.models import LayerTap
 
 from .conftest import FAST, SAMPLED
@@ -23,6 +23,28 @@ def test_streaming_moments_equal_the_batch_ridge():
     mu, sd, ym = X.mean(0), X.std(0), Y.mean(0)
     Xs = (X - mu) / sd
     W = torch.linalg.solve(Xs.T @ Xs + 1e-3 * len(X) * torch.eye(12, dtype=torch.float64), Xs.T @ (Y - ym))
+    R = Y - ym - Xs @ W
+    assert torch.allclose(Ws, W / sd[:, None], rtol=1e-3, atol=1e-6)
+    assert torch.allclose(mx, mu, rtol=1e-6) and torch.allclose(my, ym, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(resid, R.T @ R / len(R), rtol=1e-3, atol=1e-6)
+
+
+def test_token_moments_equal_the_batch_ridge():
+    """Summing the token features' block per distinct token (TokenMoments) fits what one float64 solve
+    on the whole rows [E_v, table_v, c] does, as well as Moments does."""
+    g = torch.Generator().manual_seed(0)
+    E, table = torch.randn(50, 6, generator=g) + 3, torch.randn(50, 4, generator=g) * 10
+    v = torch.randint(0, 50, (2000,), generator=g)
+    C = torch.randn(2000, 5, generator=g) + E[v, :5] - 2
+    X = torch.cat([E[v], table[v], C], 1).double()
+    Y = X @ (0.1 * torch.randn(15, 3, generator=g, dtype=torch.float64)) + 0.1 * torch.randn(2000, 3, generator=g, dtype=torch.float64)
+    m = TokenMoments(E, table)
+    for vb, cb, yb in zip(v.split(300), C.split(300), Y.split(300)):
+        m.add_tokens(vb, cb, yb.float())
+    Ws, mx, my, resid = m.ridge(1e-3)
+    mu, sd, ym = X.mean(0), X.std(0), Y.mean(0)
+    Xs = (X - mu) / sd
+    W = torch.linalg.solve(Xs.T @ Xs + 1e-3 * len(X) * torch.eye(15, dtype=torch.float64), Xs.T @ (Y - ym))
     R = Y - ym - Xs @ W
     assert torch.allclose(Ws, W / sd[:, None], rtol=1e-3, atol=1e-6)
     assert torch.allclose(mx, mu, rtol=1e-6) and torch.allclose(my, ym, rtol=1e-6, atol=1e-6)
