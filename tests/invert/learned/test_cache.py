@@ -9,6 +9,7 @@ from sipit.invert.learned import (Calibration, LearnedConfig, cache_path, calibr
                                   load_or_calibrate)
 from sipit.invert.learned.config import calibration_config
 from sipit.invert.learned import cache as cache_module
+from sipit.invert.learned.cache import lens_fitted
 from sipit.models import LayerTap, load_model
 
 from .conftest import FAST, SAMPLED
@@ -56,10 +57,20 @@ def test_a_load_with_max_layer_shares_the_whole_models_calibrations(cache, saved
     assert seconds > 0 and not cal.has_prior and cal.lens_w is None
     assert load_or_calibrate(LayerTap(whole, 2), plain)[1] == 0.0
     assert load_or_calibrate(LayerTap(whole, 4), plain)[0].has_prior  # the last layer has it
-    lensed, cut_cal = load_or_calibrate(LayerTap(whole, 1), FAST)[0], load_or_calibrate(LayerTap(cut, 1), FAST)[0]
+    lensed, cut_cal = load_or_calibrate(LayerTap(whole, 2), FAST)[0], load_or_calibrate(LayerTap(cut, 2), FAST)[0]
     assert lensed.lens_w is not None and lensed.lens_gate is not None and cut_cal.lens_w is None
-    assert cache_path(LayerTap(whole, 1), FAST) != cache_path(LayerTap(cut, 1), FAST)
+    assert cache_path(LayerTap(whole, 2), FAST) != cache_path(LayerTap(cut, 2), FAST)
     assert load_or_calibrate(LayerTap(whole, 4), FAST)[0].lens_w is None  # the last layer reads the LM head itself
+
+
+def test_a_lens_only_where_its_pass_costs_no_more_than_the_calibrations():
+    """The lens runs its rows through the blocks above the tap, the calibration its tokens and position-0 states
+    through those below. tiny-llama (4 blocks, V = 256), FAST: the lens on all 4,096 calibration tokens,
+    4,096 × (4 − ℓ) ≤ (4,096 + 256) × ℓ from layer 2 on; on 8 rows of 64, 512 × 3 ≤ 4,352 at layer 1 too."""
+    lm = load_model("tiny-llama")
+    for rows, layers in ((256, [2, 3]), (8, [1, 2, 3]), (0, [])):
+        config = dataclasses.replace(FAST, lens_rows=rows)
+        assert [layer for layer in range(5) if lens_fitted(LayerTap(lm, layer), config)] == layers
 
 
 def test_key_changes_with_what_is_observed_and_with_settings(cache):
