@@ -35,6 +35,14 @@ def against(x: Tensor, table: Tensor) -> Tensor:
     return x @ table.T
 
 
+def row_dots(table: Tensor, ids: Tensor, x: Tensor, rows: int = 16) -> Tensor:
+    """table[ids[i, j]] · x[i] for ids [n, m] and x [n, k]: [n, m]. In blocks of `rows`, so that each gathered
+    [rows, m, k] block is read back from cache (a lock-step batch's guesses, SmolLM2 layer 15, 608 × 64 rows of
+    the LM head: 38.7 ms gathered at once, 19 ms in blocks of 16)."""
+    return torch.cat([(table[i] @ v[:, :, None])[..., 0] for i, v in zip(ids.split(rows), x.split(rows))]) \
+        if len(ids) else x.new_zeros(ids.shape)
+
+
 class LinearRanker:
     def __init__(self, cal: Calibration, tap, screen_top: int = 64, low: torch.dtype | None = None,
                  index: ClusterIndex | None = None):
@@ -142,7 +150,7 @@ class LinearRanker:
         c = self.cal
         if self.index is not None:
             top = self.index.top1(r, self.gain)[:, None]
-            return top, 2 * (c.P[top] @ r[:, :, None])[..., 0] - self.gain * c.P_sq[top]
+            return top, 2 * row_dots(c.P, top, r) - self.gain * c.P_sq[top]
         if len(r) > SCREEN_ROWS:
             parts = [self.screen_best(r[i:i + SCREEN_ROWS]) for i in range(0, len(r), SCREEN_ROWS)]
             return torch.cat([i for i, _ in parts]), torch.cat([v for _, v in parts])
@@ -153,7 +161,7 @@ class LinearRanker:
             return best.indices, 2 * best.values
         approx = self._biased_screen([r @ c.p_basis], self.screen_table)  # [n, V]
         top = approx.topk(m, dim=1).indices  # [n, m]
-        exact = 2 * (c.P[top] @ r[:, :, None])[..., 0] - self.gain * c.P_sq[top]  # [n, m]
+        exact = 2 * row_dots(c.P, top, r) - self.gain * c.P_sq[top]  # [n, m]
         best = exact.sort(dim=1, descending=True, stable=True)
         return top.gather(1, best.indices), best.values
 
@@ -162,7 +170,7 @@ class LinearRanker:
         calibration's lens (the tap's state translated to the last layer's, then normed). [n, m]"""
         c = self.cal
         n = self.lm.norm(previous.float() @ c.lens_w + c.lens_b).float()  # [n, d]
-        return (self.unembed[ids] @ n[:, :, None])[..., 0]
+        return row_dots(self.unembed, ids, n)
 
     def lens_text_score(self, logits: Tensor) -> float:
         """How text-like a prompt reads through the lens, from its positions' logits [n, m] of the screen's
@@ -199,8 +207,7 @@ class LinearRanker:
         w, g = 2 * c.lm_weight, self.gain
         approx = self._biased_screen([r @ c.p_basis, (w / (2 * g)) * (n @ c.u_basis)], self.prior_table)  # score ÷ 2g
         top = approx.topk(min(self.screen_top, approx.shape[1]), dim=1).indices
-        exact = g * (2 * (c.P[top] @ r[:, :, None])[..., 0] - g * c.P_sq[top])
-        exact = exact + w * (self.unembed[top] @ n[:, :, None])[..., 0]
+        exact = g * (2 * row_dots(c.P, top, r) - g * c.P_sq[top]) + w * row_dots(self.unembed, top, n)
         return top.gather(1, exact.argmax(1, keepdim=True))[:, 0]
 
     def revised(self, items: list[tuple]) -> list[Tensor]:
@@ -311,7 +318,7 @@ class LinearRanker:
             return against(Y, c.P).mul_(2 * g).sub_(g * g * c.P_sq)
         s = self._in_screen(Y, c.p_basis, self.p_proj_low).mul_(2 * g).sub_(g * g * c.P_sq)  # [n, V]
         top = s.topk(min(exact_top or EXACT_TOP, s.shape[1]), dim=1).indices  # [n, m]
-        exact = 2 * g * (c.P[top] @ Y[:, :, None])[..., 0] - g * g * c.P_sq[top]
+        exact = 2 * g * row_dots(c.P, top, Y) - g * g * c.P_sq[top]
         return s.scatter_(1, top, exact)
 
     def ranking(self, target: Tensor, t: int, prior: bool, sizes, anchors, prefix_lm=lambda: None, first=None):
