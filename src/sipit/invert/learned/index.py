@@ -10,13 +10,13 @@ nprobe is chosen when the index is built, from the calibration's own noise model
 token v is g·P_v + ξ with ξ whitened (unit variance per dimension by construction of W); NOISE = 1.5
 widens it (SmolLM2, the seed-5 bench prompts: held-out residuals ran 1.26–1.37 × √d at layers 1, 15
 and 30). The smallest nprobe whose top-1 matches exact scoring on AGREE of SIMULATED such residuals
-is kept; if none up to K/8 does, there is no index. AGREE trades the probes every prompt pays against the
-passes a miss costs the few it hits (SmolLM2 layer 1: a miss costs a pass, about a forward; 4 clusters a
-query 1.3 ms a prompt, 8 2.1 ms, 16 3.2 ms; agreement on 4,096 simulated residuals 0.987–0.991, 0.996–0.999
-and 0.999–1.0). At 0.999 the choice between 8 and 16 turned on one residual of 1,024. Built only where the screen's rank is at least
-half the width (there a dense screen costs about a full product: SmolLM2 layer 1, rank 512 of 576),
-on a CPU (on a GPU one dense product is cheaper than many small ones), and cached beside the
-calibration.
+is kept; if none up to K/8 does, there is no index. AGREE trades the probes every prompt pays against
+the passes a miss costs the few it hits (SmolLM2 layer 1: a miss costs a pass, about a forward; 4
+clusters a query 1.3 ms a prompt, 8 2.1 ms, 16 3.2 ms; agreement on 4,096 simulated residuals
+0.987–0.991, 0.996–0.999 and 0.999–1.0; at 0.999 of 1,024 one residual chose between 8 and 16).
+Built only where the screen's rank is at least half the width (there a dense screen costs about a
+full product: SmolLM2 layer 1, rank 512 of 576), on a CPU (on a GPU one dense product is cheaper than
+many small ones), and cached beside the calibration.
 """
 from __future__ import annotations
 
