@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from sipit.invert.learned import LinearRanker, calibrate
-from sipit.invert.learned.ranker import against
+from sipit.invert.learned.ranker import against, row_dots
 from sipit.models import LayerTap
 
 from .conftest import FAST
@@ -184,3 +184,12 @@ def test_against_is_the_product_with_the_table_transposed(rows):
     table, x = torch.randn(300, 24), torch.randn(rows, 24)
     assert torch.allclose(against(x, table), x @ table.T, atol=1e-5)
     assert against(x, table).shape == (rows, 300)
+
+
+def test_row_dots_equal_the_gathered_product():
+    """row_dots, in blocks of rows, gives table[ids] @ x row by row (and an empty [0, m] for no rows)."""
+    g = torch.Generator().manual_seed(0)
+    table, x = torch.randn(50, 8, generator=g), torch.randn(37, 8, generator=g)
+    ids = torch.randint(0, 50, (37, 5), generator=g)
+    assert torch.allclose(row_dots(table, ids, x, rows=16), (table[ids] @ x[:, :, None])[..., 0], atol=1e-6)
+    assert row_dots(table, ids[:0], x[:0]).shape == (0, 5)
