@@ -3,8 +3,8 @@
 One pass serves every requested tap (states, projections, KV caches, at any layers): the
 vocabulary's position-0 states and the calibration text go through the blocks once (`run_taps`
 reads every tap's observation off that pass), and each tap's ridge fit is accumulated from
-streaming moments (float32 per batch, float64 sums), so no [N, S, d] states are kept. The forward
-model, per tap:
+streaming moments (float32 per batch, float64 sums; the token features' block once per distinct
+token: TokenMoments), so no [N, S, d] states are kept. The forward model, per tap:
 
     h_t ≈ A [e_v, table_v] + B ĥ_{t−1} + c   (ridge on standardised features)
 
@@ -12,8 +12,8 @@ The position-0 table is a nonlinear feature of the token (its state through all 
 context): at ℓ = 15 of SmolLM2 it cuts the mean rank of the true token from 6 to 0.1. The
 residuals' covariance Σ gives the whitening W = Σ^{-1/2}; scores are Gaussian log-likelihoods.
 
-Below the last layer (plain states, a model loaded whole) the first `lens_rows` rows also go on to the last
-layer, and a ridge translator h_last ≈ ĥ lens_w + lens_b (a tuned lens) lets the ranker read the LM head
+Below the last layer (plain states, a model loaded whole, where it costs no more than the calibration:
+cache.lens_fitted) the first `lens_rows` rows also go on to the last layer, and a ridge translator h_last ≈ ĥ lens_w + lens_b (a tuned lens) lets the ranker read the LM head
 off an observed state: a prior for the guesses of text-like prompts (ranker.lens_guesses).
 
 Fast calibration (LearnedConfig.table_tokens set, `--calibration fast`): the table costs V tokens
