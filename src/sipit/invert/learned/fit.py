@@ -13,8 +13,9 @@ context): at ℓ = 15 of SmolLM2 it cuts the mean rank of the true token from 6 
 residuals' covariance Σ gives the whitening W = Σ^{-1/2}; scores are Gaussian log-likelihoods.
 
 Below the last layer (plain states, a model loaded whole, where it costs no more than the calibration:
-cache.lens_fitted) the first `lens_rows` rows also go on to the last layer, and a ridge translator h_last ≈ ĥ lens_w + lens_b (a tuned lens) lets the ranker read the LM head
-off an observed state: a prior for the guesses of text-like prompts (ranker.lens_guesses).
+cache.lens_fitted) the first `lens_rows` rows also go on to the last layer, and a ridge translator
+h_last ≈ ĥ lens_w + lens_b (a tuned lens) lets the ranker read the LM head off an observed state: a prior
+for the guesses of text-like prompts (ranker.lens_guesses).
 
 Fast calibration (LearnedConfig.table_tokens set, `--calibration fast`): the table costs V tokens
 through ℓ blocks (half of SmolLM2's calibration at ℓ = 30; over an hour for a 1.5B model with
@@ -93,23 +94,23 @@ class Moments:
 
 
 class TokenMoments(Moments):
-    """Moments for x = [f_v, c]: f_v token v's features, its rows of fixed tables [V, ·] (its embedding, and
-    its position-0 state with a table: Ft columns together), and c [d] per position. Tokens repeat, so the
+    """Moments for x = [f_v, c]: f_v token v's features (_token_rows: its embedding, and its position-0 state
+    with a table; Ft columns), and c [d] per position. Tokens repeat, so the
     f·fᵀ block is summed once per distinct token, Σ_v count_v f_v f_vᵀ, when the fit is solved, not per
     position: the forward model's moments (Ft = 2d, F = 3d) cost 7 instead of 13 products of n·d² (SmolLM2:
     49,152 calibration positions, ~15,000 distinct tokens)."""
 
-    def __init__(self, *tables: Tensor):
+    def __init__(self, E: Tensor, table: Tensor | None):
         super().__init__()
-        self.tables = tables
+        self.E, self.table = E, table
 
     def _rows(self, v: Tensor) -> Tensor:
-        return torch.cat([t[v].float() for t in self.tables], 1)  # [n, Ft]
+        return _token_rows(self.E, self.table, v).float()  # [n, Ft]
 
     def add_tokens(self, v: Tensor, C: Tensor, Y: Tensor) -> None:
         """Token ids v [n], context features C [n, d], targets Y [n, dy]."""
         T, d = self._rows(v), C.shape[1]
-        Ft, V = T.shape[1], len(self.tables[0])
+        Ft, V = T.shape[1], len(self.E)
         if self.shift is None:
             self._start(torch.cat([T, C.float()], 1), Y)
             self.counts = torch.zeros(V, dtype=torch.long, device=v.device)
@@ -127,7 +128,7 @@ class TokenMoments(Moments):
         self.syy += (Y.T @ Y).double()
 
     def ridge(self, lam: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        Ft = sum(t.shape[1] for t in self.tables)
+        Ft = self.E.shape[1] + (0 if self.table is None else self.table.shape[1])
         self.sxx[:Ft, :Ft] = 0
         for ids in self.counts.nonzero()[:, 0].split(4096):  # Σ_v count_v (f_v − shift)(f_v − shift)ᵀ
             x = (self._rows(ids) - self.shift[0][:Ft]) * self.counts[ids].float().sqrt()[:, None]
@@ -199,7 +200,7 @@ def _forward_models(observe: Observe, E: Tensor, tables: list[Tensor | None], id
     (tables: per target the position-0 table, a token feature, or None in fast mode). lens: (observe_to_last,
     rows, targets): for the first `rows` rows observe_to_last gives the observations and then the last layer's
     states [B, S, d], and the targets listed also get lens_w, lens_b (h_last ≈ ĥ lens_w + lens_b, ridge)."""
-    moments = [TokenMoments(E) if table is None else TokenMoments(E, table) for table in tables]
+    moments = [TokenMoments(E, table) for table in tables]
     lens_moments = {j: Moments() for j in (lens[2] if lens else [])}
     for i in _progress(range(0, len(ids), batch), f"calibration {desc}: states of text"):
         rows = ids[i:i + batch]

@@ -139,6 +139,10 @@ class LinearRanker:
         x = torch.cat([*parts, x.new_full((len(x), 2), -1.0), shift], 1)
         return against(x.to(self.low), table)
 
+    def _exact(self, top: Tensor, r: Tensor, g) -> Tensor:
+        """2 r·P_v − g‖P_v‖², exactly, for the candidates top [n, m] of residuals r [n, d] (g: a float or [n, 1]). [n, m]"""
+        return 2 * row_dots(self.cal.P, top, r) - g * self.cal.P_sq[top]
+
     def screen(self, r: Tensor) -> Tensor:
         """Top-1 by the screened scores: context residuals r [n, d] -> ids [n]."""
         return self.screen_best(r)[0][:, 0]
@@ -150,7 +154,7 @@ class LinearRanker:
         c = self.cal
         if self.index is not None:
             top = self.index.top1(r, self.gain)[:, None]
-            return top, 2 * row_dots(c.P, top, r) - self.gain * c.P_sq[top]
+            return top, self._exact(top, r, self.gain)
         if len(r) > SCREEN_ROWS:
             parts = [self.screen_best(r[i:i + SCREEN_ROWS]) for i in range(0, len(r), SCREEN_ROWS)]
             return torch.cat([i for i, _ in parts]), torch.cat([v for _, v in parts])
@@ -161,7 +165,7 @@ class LinearRanker:
             return best.indices, 2 * best.values
         approx = self._biased_screen([r @ c.p_basis], self.screen_table)  # [n, V]
         top = approx.topk(m, dim=1).indices  # [n, m]
-        exact = 2 * row_dots(c.P, top, r) - self.gain * c.P_sq[top]  # [n, m]
+        exact = self._exact(top, r, self.gain)  # [n, m]
         best = exact.sort(dim=1, descending=True, stable=True)
         return top.gather(1, best.indices), best.values
 
@@ -207,7 +211,7 @@ class LinearRanker:
         w, g = 2 * c.lm_weight, self.gain
         approx = self._biased_screen([r @ c.p_basis, (w / (2 * g)) * (n @ c.u_basis)], self.prior_table)  # score ÷ 2g
         top = approx.topk(min(self.screen_top, approx.shape[1]), dim=1).indices
-        exact = g * (2 * row_dots(c.P, top, r) - g * c.P_sq[top]) + w * row_dots(self.unembed, top, n)
+        exact = g * self._exact(top, r, g) + w * row_dots(self.unembed, top, n)
         return top.gather(1, exact.argmax(1, keepdim=True))[:, 0]
 
     def revised(self, items: list[tuple]) -> list[Tensor]:
@@ -318,7 +322,7 @@ class LinearRanker:
             return against(Y, c.P).mul_(2 * g).sub_(g * g * c.P_sq)
         s = self._in_screen(Y, c.p_basis, self.p_proj_low).mul_(2 * g).sub_(g * g * c.P_sq)  # [n, V]
         top = s.topk(min(exact_top or EXACT_TOP, s.shape[1]), dim=1).indices  # [n, m]
-        exact = 2 * g * row_dots(c.P, top, Y) - g * g * c.P_sq[top]
+        exact = g * self._exact(top, Y, g)
         return s.scatter_(1, top, exact)
 
     def ranking(self, target: Tensor, t: int, prior: bool, sizes, anchors, prefix_lm=lambda: None, first=None):
