@@ -1,9 +1,10 @@
 """What a prompt inverted in one pass costs, one at a time, against a forward of it timed right before:
 
-    python one_pass_cost.py LAYER SEED        e.g. 15 1
+    python one_pass_cost.py LAYER SEED [SORT]     e.g. 15 1, or 1 5 tottime
 
 The bench prompts (10 per source) three times each; medians of the ratio, of its passes, and the milliseconds,
-for the prompts that needed one pass and for the others; then cProfile of the one-pass prompts."""
+for the prompts that needed one pass and for the others; then cProfile of the one-pass prompts (sorted by SORT,
+default cumulative)."""
 import cProfile
 import pstats
 import statistics
@@ -48,4 +49,4 @@ profile.enable()
 for i in single:
     eng.invert_prompt(states[i], ids[i].tolist())
 profile.disable()
-pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
+pstats.Stats(profile).sort_stats(sys.argv[3] if len(sys.argv) > 3 else "cumulative").print_stats(45)

@@ -69,23 +69,27 @@ class Certifier:
         """margin, margin_over, certified(_by), duplicates, also_within_eps of an accepted position from
         the distances evaluated there and lower bounds [V] for the rest."""
         cls, rep = self.dups.members(q.token), self.dups.rep  # rep [V]: each token's class (its smallest id)
-        classes, closest = self._by_class({u: du for u, du in evaluated.items() if u not in cls})
+        q.duplicates = cls if len(cls) > 1 else None
+        others = {u: du for u, du in evaluated.items() if u not in cls}
+        if not others and bounds is None:  # nothing known of another token (most positions of a speculated
+            q.margin, q.margin_over, q.certified, q.certified_by, q.also_within_eps = None, 0, False, None, None
+            return  # prompt): the tensor work below took ~20 µs a position, 0.4 ms of a 2 ms layer-1 forward
+        classes, closest = self._by_class(others)
         n_others = int(self.dups.size[classes].sum()) if len(classes) else 0
         margin = float(closest.min()) if len(classes) else None
         by_bound = 0
-        if bounds is not None:  # tokens never evaluated but certified to be at least this far
-            open_ = torch.ones(len(rep), dtype=torch.bool)
-            open_[classes], open_[rep[q.token]] = False, False
-            mask = open_[rep][:len(bounds)]  # [V] outside q's class and every evaluated one
-            if mask.any():
-                lb, by_bound = float(bounds[mask].min()), int(mask.sum())
+        if bounds is not None:  # tokens never evaluated but certified to be at least this far: all but the
+            shut = [u for c in classes.tolist() + [int(rep[q.token])]  # members of q's class and evaluated ones
+                    for u in self.dups.members(c) if u < len(bounds)]
+            by_bound = len(bounds) - len(shut)
+            if by_bound:
+                lb = float(bounds.index_fill(0, torch.tensor(shut, dtype=torch.long), torch.inf).min())
                 margin = lb if margin is None else min(margin, lb)
         q.margin, q.margin_over = margin, n_others + by_bound
         q.certified = q.margin_over == self.lm.vocab_size - len(cls) and margin is not None and margin > self.eps
         q.certified_by = None
         if q.certified:
             q.certified_by = "bound" if not n_others else "evaluated" if not by_bound else "evaluated+bound"
-        q.duplicates = cls if len(cls) > 1 else None
         near = classes[closest <= self.eps].tolist() if len(classes) else []
         q.also_within_eps = sorted(u for c in near for u in self.dups.members(c)) or None
 

@@ -21,6 +21,10 @@ from .index import ClusterIndex
 
 STORE_ERR = {torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24}  # relative rounding of the stored table
 EXACT_TOP = 1024  # tokens per search ranking scored exactly after the low-rank screen (token_scores)
+POSITION0_RANK = 64  # columns of the table's principal subspace (the calibration's 128, largest first) that
+#                     position 0's screen and bounds read: half the bytes (SmolLM2, V = 49,152, one prompt alone:
+#                     1.04 -> 0.42 ms at layers 1 and 15; the seed-5 bench prompts' position-0 margins alike, median
+#                     0.408 vs 0.409 at layer 1, the same minimum; 32 columns: 0.29 ms, median 0.335)
 SCREEN_ROWS = 128  # residuals per screening product: a [608, V] screen (32 prompts of 20 tokens) in one
 #                    product took 2.7x as long as in blocks of 128, whose [128, V] temporaries stay in cache
 
@@ -58,12 +62,14 @@ class LinearRanker:
             self.table_err = STORE_ERR[cal.table.dtype] + 1e-5  # storage rounding + batched-pass noise
             # [k, V] row-major: a product with few rows reads it 3x faster than t_proj.T's strided
             # view (one prompt, SmolLM2, k = 128: 4.3 -> 1.4 ms on this project's 2-core CPU)
-            self.t_proj_T = cal.t_proj.T.contiguous()
+            k = min(POSITION0_RANK, cal.t_proj.shape[1])
+            self.t_basis, t_proj = cal.t_basis[:, :k], cal.t_proj[:, :k]  # [d, k], [V, k]
+            self.t_proj_T = t_proj.T.contiguous()
             # position 0's squared distances in the subspace, in float32 less a slack that covers its
             # rounding: a·(‖p_v‖² + ‖q‖²) for the [k]-long products and the sums (+ t_proj's storage),
             # so d² − slack = (1 − a)‖p_v‖² − b + (1 − a)‖q‖² − 2 q·p_v, the per-token part kept here
-            t_sq = (cal.t_proj.double() ** 2).sum(1)  # [V]
-            self.t_keep = 1 - (3 * cal.t_proj.shape[1] + 8) * 2.0 ** -24
+            t_sq = (t_proj.double() ** 2).sum(1)  # [V]
+            self.t_keep = 1 - (3 * k + 8) * 2.0 ** -24
             self.t_lower = (self.t_keep * t_sq - 1e-6 * t_sq.mean()).float()  # [V]
         self.unembed = self.lm.unembedding_rows().float() if cal.has_prior or cal.lens_w is not None else None
         self.gain = cal.gain
@@ -104,7 +110,7 @@ class LinearRanker:
         if c.table is None:
             score = 2 * against(Y.float() @ c.white0 - c.c0w, c.p0) - c.gain0 * c.p0_sq  # [B, V]
             return score.argmax(1), -score, None
-        q = (Y.double() - c.t_mean.double()).float() @ c.t_basis  # [B, k]
+        q = (Y.double() - c.t_mean.double()).float() @ self.t_basis  # [B, k]
         q_sq = (q.double() ** 2).sum(1, keepdim=True)  # [B, 1]
         # ‖Π(x_v − y)‖² ≤ ‖x_v − y‖², less the slack: one fused float32 product, then in place  [B, V]
         dist = (self.t_lower + (self.t_keep * q_sq).float()).addmm_(q, self.t_proj_T, alpha=-2).clamp_min_(0).sqrt_()
