@@ -43,11 +43,11 @@ states = tap.states(ids)
 eps = tolerance_for(tap, {states.dtype}).eps  # measured, as the bench and the CLI do
 engines = {name: SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=eps)
            for name in (before, "now")}
-ranker = engines[before].policy.ranker
-ranker.__class__ = module_before("ranker").LinearRanker
-if ranker.index is not None:
-    ranker.index = module_before("index").ClusterIndex(ranker.cal.P, ranker.index.assign, ranker.index.centroids,
-                                                       ranker.index.nprobe)
+policy = engines[before].policy
+now = policy.ranker
+index = now.index and module_before("index").ClusterIndex(now.cal.P, now.index.assign, now.index.centroids,
+                                                          now.index.nprobe)
+policy.ranker = module_before("ranker").LinearRanker(now.cal, tap, now.screen_top, index=index)
 for s in states[:2]:  # warm-up
     for e in engines.values():
         e.invert_prompt(s)
