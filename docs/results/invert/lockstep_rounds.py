@@ -1,0 +1,35 @@
+"""A lock-step batch of 32 bench prompts, its passes traced: per round the requests, new tokens, longest prefix and
+milliseconds, then the time outside the passes; three repeats, every prompt exact.
+
+    python lockstep_rounds.py LAYER SEED        e.g. 15 5"""
+import sys, time, statistics, torch
+from sipit.bench.invert import prompts
+from sipit.invert import InvertConfig, SipIt
+from sipit.invert.eps import tolerance_for
+from sipit.invert.learned.config import calibration_config
+from sipit.models import LayerTap, load_model
+layer, seed = int(sys.argv[1]), int(sys.argv[2])
+torch.set_num_threads(2)
+lm = load_model("smollm2")
+ids = torch.tensor([p for _, p in prompts(lm, ["prose", "code", "random", "chat"], 10, 20, seed)])[:32]
+tap = LayerTap(lm, layer)
+states = tap.states(ids)
+eng = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=tolerance_for(tap, {states.dtype}).eps)
+eng.invert_prompts(list(states[:4]))
+log = []
+orig = eng.tap.extend_many
+def traced(requests, max_tokens=1024):
+    t = time.perf_counter(); out = orig(requests, max_tokens); dt = time.perf_counter() - t
+    log.append((len(requests), sum(r.numel() for _, r in requests), max(p.length for p, _ in requests), dt))
+    return out
+eng.tap.extend_many = traced
+for rep in range(3):
+    t = time.perf_counter(); tap.states(ids); fwd = time.perf_counter() - t
+    log.clear()
+    t = time.perf_counter(); res = eng.invert_prompts(list(states)); tot = time.perf_counter() - t
+    assert all(r.ids == p.tolist() for r, p in zip(res, ids))
+    inpass = sum(x[3] for x in log)
+    print(f"rep {rep}: forward {fwd*1e3:.0f} ms, inversion {tot*1e3:.0f} ms (ratio {tot/fwd:.2f}), passes {inpass*1e3:.0f} ms, outside {(tot-inpass)*1e3:.0f} ms")
+    for x in log: print(f"   requests {x[0]:3d} tokens {x[1]:4d} longest prefix {x[2]:2d}: {x[3]*1e3:6.1f} ms")
+    wrong = sum(1 for r in res for q in r.positions if q.via != 'speculation')
+    print("   positions not by first speculation:", wrong, "tap_calls", sum(r.tap_calls for r in res))
