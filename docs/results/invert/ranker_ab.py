@@ -3,8 +3,10 @@ held-out prompts, alternating: one at a time and in lock-step batches of up to 3
 
     python ranker_ab.py BEFORE_COMMIT LAYER SEED REPEATS [PROMPTS_PER_SOURCE]
 
-The earlier ranker.py and index.py are read with `git show` and swapped into one of two otherwise identical
-engines (the same calibration and index data); every inversion must be exact. Prints the median ratio
+The earlier ranker.py (and index.py, where it had one) are read with `git show` and swapped into one of two otherwise
+identical engines, with the earlier commit's calibration and index (read by its config.py, cache.py and index.py: where
+its cache VERSION differs, that calibration must be cached already, e.g. by running the earlier commit once);
+every inversion must be exact. Prints the median ratio
 (seconds ÷ a forward of the prompt timed in the same run) alone, and the lock-step batch's seconds ÷ its
 batched forward over REPEATS runs."""
 import statistics
@@ -31,6 +33,7 @@ def module_before(name: str) -> types.ModuleType:
     source = subprocess.check_output(["git", "show", f"{before}:src/sipit/invert/learned/{name}.py"], text=True)
     module = types.ModuleType(f"sipit.invert.learned.{name}_before")
     module.__package__ = "sipit.invert.learned"
+    sys.modules[module.__name__] = module  # (dataclasses look their module up)
     exec(compile(source, f"{name}.py@{before}", "exec"), module.__dict__)
     return module
 
@@ -43,11 +46,15 @@ states = tap.states(ids)
 eps = tolerance_for(tap, {states.dtype}).eps  # measured, as the bench and the CLI do
 engines = {name: SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=eps)
            for name in (before, "now")}
-policy = engines[before].policy
-now = policy.ranker
-index = now.index and module_before("index").ClusterIndex(now.cal.P, now.index.assign, now.index.centroids,
-                                                          now.index.nprobe)
-policy.ranker = module_before("ranker").LinearRanker(now.cal, tap, now.screen_top, index=index)
+old_cal = module_before("cache").load_cached(tap, module_before("config").calibration_config("full"))
+assert old_cal is not None, f"the calibration of {before} is not cached: run that commit once"
+has_index = subprocess.run(["git", "cat-file", "-e", f"{before}:src/sipit/invert/learned/index.py"]).returncode == 0
+extra = {}
+if has_index:  # (index.py until 2fa4310; the earlier ranker.py imports it)
+    sys.modules["sipit.invert.learned.index"] = index_before = module_before("index")
+    extra = dict(index=index_before.load_or_build_index(old_cal))
+engines[before].policy.ranker = module_before("ranker").LinearRanker(old_cal, tap, engines["now"].policy.ranker.screen_top,
+                                                                    **extra)
 for s in states[:2]:  # warm-up
     for e in engines.values():
         e.invert_prompt(s)

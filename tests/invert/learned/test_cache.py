@@ -90,16 +90,17 @@ def test_invert_config_calibration_tokens_reaches_the_learned_config():
 
 
 def test_default_key_unchanged_and_fast_mode_keyed_apart():
-    """The default settings' part of the key is pinned (as computed with VERSION 6, when the lens prior
-    came: a calibration below the last layer is keyed by every block): adding a setting must not orphan the
-    cached calibrations; table_tokens (fast mode) gives another key."""
+    """The default settings' part of the key is pinned (as computed with VERSION 7, when P's screen began
+    scoring projected distances): adding a setting must not orphan the cached calibrations; table_tokens
+    (fast mode) gives another key."""
     default = ("{'calibration_tokens': 49152, 'seq_len': 64, 'random_fraction': 0.2, 'ridge': 0.001, "
-               "'screen_rank': 128, 'screen_top': 64, 'screen_agree': 0.995, 'gains': (0.4, 0.5, 0.6, 0.7, 0.8, "
-               "0.9, 1.0), 'validation_rows': 32, 'lm_weight': 5.0, 'gate_rows': 128, 'gate_margin': 1.0, "
+               "'screen_rank': 64, 'screen_top': 64, 'guess_top': 16, 'screen_agree': 0.999, 'table_rank': 64, "
+               "'head_rank': 128, "
+               "'gains': (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), 'validation_rows': 32, 'lm_weight': 5.0, 'gate_rows': 128, 'gate_margin': 1.0, "
                "'lens_rows': 256}")
     assert LearnedConfig().fit_key() == default and calibration_config("full") == LearnedConfig()
     lm = load_model("tiny-gpt2")
-    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-3afff35b7610")
+    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-12c9b7177dc5")
     fast = calibration_config("fast")
     assert fast.table_tokens == 4096 and fast.calibration_tokens == 16384
     assert cache_path(LayerTap(lm, 2), fast) != cache_path(LayerTap(lm, 2), LearnedConfig())

@@ -62,7 +62,7 @@ def test_the_lens_reranks_the_screens_best_of_text_like_prompts_only(lm, ranker)
     assert cal.lens_w is not None and cal.lens_w.shape == (lm.d_model, lm.d_model) and cal.lens_gate is not None
     target = LayerTap(lm, 2).states(torch.tensor(lm.encode("The cat sat on the mat and looked at the dog.")[:12]))
     top, scores = ranker.screen_best(ranker.context_residuals(target))
-    assert top.shape[1] == min(ranker.screen_top, lm.vocab_size) and bool((scores[:, :-1] >= scores[:, 1:]).all())
+    assert top.shape[1] == min(ranker.guess_top, lm.vocab_size) and bool((scores[:, :-1] >= scores[:, 1:]).all())
     logits = ranker.lens_logits(target[:-1], top)
     assert not torch.equal(logits.argmax(1), torch.zeros(len(top), dtype=torch.long))  # the two cases differ
     for gate, weight, expect in ((float("inf"), 5.0, top[:, 0]), (-float("inf"), 1e6, top.gather(1, logits.argmax(1, keepdim=True))[:, 0])):
@@ -92,9 +92,9 @@ def test_the_lm_stream_joins_from_the_third_batch(lm, ranker):
 
 
 def test_token_scores_screen_in_the_subspace_and_are_exact_for_the_best(lm, ranker, monkeypatch):
-    """With a low-rank screen (rank 8 of d), token_scores is exact for the EXACT_TOP best by the screen
-    and the screen's value (2g·(yB)·(P_v B) − g²‖P_v‖²) for the rest; a full-rank screen is exact. Rows
-    with their own gains scored together give what each gives alone. A bfloat16 screen gives the
+    """With a low-rank screen (rank 8 of d), token_scores is exact for the EXACT_TOP best by the projected
+    distance (2g·(yB)·(P_v B) − g²‖P_v B‖²) and 2g·(yB)·(P_v B) − g²‖P_v‖² for the rest; a full-rank screen is
+    exact. Rows with their own gains scored together give what each gives alone. A bfloat16 screen gives the
     float32 one's values to bfloat16's rounding."""
     import copy
 
@@ -114,14 +114,15 @@ def test_token_scores_screen_in_the_subspace_and_are_exact_for_the_best(lm, rank
     y2 = torch.randn(c.P.shape[1], generator=torch.Generator().manual_seed(2))
     both = low.token_scores(torch.stack([y, y2]), torch.tensor([g, 1.3]))
     assert torch.allclose(both[0], s, atol=1e-5) and torch.allclose(both[1], low.token_scores(y2[None], torch.tensor([1.3]))[0], atol=1e-5)
-    screen = 2 * g * (cal.p_proj @ (y @ cal.p_basis)) - g * g * c.P_sq
-    top = screen.topk(32).indices
+    dots = 2 * g * (cal.p_proj @ (y @ cal.p_basis))
+    top = (dots - g * g * (cal.p_proj ** 2).sum(1)).topk(32).indices
+    screen = dots - g * g * c.P_sq
     rest = torch.ones(len(s), dtype=torch.bool)
     rest[top] = False
     assert torch.allclose(s[top], exact[top]) and torch.allclose(s[rest], screen[rest], atol=1e-5)
     assert not torch.allclose(screen[top], exact[top])  # rank 8 is a real approximation
-    bf16 = LinearRanker(cal, LayerTap(lm, 2), low=torch.bfloat16)._in_screen(y[None], cal.p_basis, cal.p_proj.bfloat16())
-    assert torch.allclose(bf16[0], cal.p_proj @ (y @ cal.p_basis), rtol=2e-2, atol=2e-2 * float(bf16.abs().max()))
+    bf16 = LinearRanker(cal, LayerTap(lm, 2), low=torch.bfloat16).token_scores(y[None], torch.tensor([g]))[0]
+    assert torch.allclose(bf16[rest], screen[rest], rtol=2e-2, atol=2e-2 * float(screen.abs().max()))
 
 
 def test_revised_guesses_anchor_each_position_on_the_state_given_for_it(lm, ranker):

@@ -19,9 +19,16 @@ class LearnedConfig:
     # --- fit (fit.py): h_t ≈ A [e_v, table_v] + B ĥ_{t−1} + c by ridge on standardised features
     ridge: float = 1e-3  # λ, relative to the number of fitted positions
     # --- screening (fit.py, ranker.py): low-rank scores first, exact for the best few
-    screen_rank: int = 128  # smallest rank tried for the whitened token predictions P
-    screen_top: int = 64  # candidates per position scored exactly after the screen
-    screen_agree: float = 0.995  # a rank is kept once its top-1 agrees with full scoring this often
+    screen_rank: int = 64  # smallest rank tried for the whitened token predictions P (doubled until it agrees)
+    screen_top: int = 64  # candidates per position scored exactly after the screen (position 0, searches) ...
+    guess_top: int = 16  # ... and for the guesses at t ≥ 1 (SmolLM2 layer 15, the bench prompts of seeds 59 / 61 / 67:
+    #                      wrong first guesses 24 / 25 / 33 with 16, 24 / 26 / 38 with 64, 27 / 27 / 33 with 4; 3.8 ->
+    #                      2.2 ms a prompt; layer 30 alike)
+    screen_agree: float = 0.999  # a rank is kept once its top-1 agrees with full scoring this often (a miss costs
+    #                              a pass; SmolLM2's 608 validation positions: every one)
+    table_rank: int = 64  # columns of the position-0 table's principal subspace (its screen and certified bounds;
+    #                       SmolLM2: half of 128 read 1.04 -> 0.42 ms a prompt, the bench prompts' margins alike)
+    head_rank: int = 128  # rank of the LM head's screen (the LM prior)
     gains: tuple[float, ...] = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # shrinkage of the token part
     validation_rows: int = 32  # fresh calibration-like rows (20 tokens) choosing gain and rank
     # --- LM prior (last layer, plain states only): + lm_weight · log p_LM(v | prefix) on text-like prompts

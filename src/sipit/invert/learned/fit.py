@@ -262,8 +262,7 @@ def _screening(parts: dict, H: Tensor, ids: Tensor, cfg: LearnedConfig, tap) -> 
     token more often: g is the best of cfg.gains (SmolLM2, held-out prompts, top-1: ℓ = 30 prose
     74 → 76%, code 84 → 87%, random 59 → 65% at g = 0.7; ℓ = 15 prose 96 → 97%). The rank for P is
     the smallest of k, 2k, ... whose screened top-1 agrees with full scoring on ≥ cfg.screen_agree
-    of the positions (SmolLM2: 128 at ℓ = 15; at ℓ = 1 whitening spreads P over every direction and
-    no low rank agrees: full scoring there)."""
+    of the positions (SmolLM2: 64 at ℓ = 1 and 15, 256 at ℓ = 30)."""
     out = dict(parts)
     d = out["P"].shape[1]
     r = (H[:, 1:] @ parts["white"] - H[:, :-1] @ parts["Bw"] - parts["cw"]).reshape(-1, d)  # [n, d]
@@ -278,7 +277,7 @@ def _screening(parts: dict, H: Tensor, ids: Tensor, cfg: LearnedConfig, tap) -> 
     while True:  # (float32 projections: the screen only orders candidates)
         out.update(p_basis=basis[:, :rank].contiguous(), p_proj=P.float() @ basis[:, :rank])
         cal = Calibration(key="", gain=gain, seconds=0.0, **out)
-        screened = LinearRanker(cal, tap, cfg.screen_top, torch.float32).screen(r)
+        screened = LinearRanker(cal, tap, cfg.screen_top, torch.float32, guess_top=cfg.guess_top).screen(r)
         if rank == d or float((screened == full).float().mean()) >= cfg.screen_agree:
             return cal
         rank = min(2 * rank, d)
@@ -291,10 +290,10 @@ def _lm_prior(cal: Calibration, tap, H_random: Tensor, cfg: LearnedConfig) -> No
     (held-out SmolLM2 prompts: prose ≥ −11.4, random ≤ −13.5); it sits cfg.gate_margin nats above
     the 99th percentile of fresh random-id rows H_random [n, S, d]."""
     U = tap.lm.unembedding_rows()
-    Q = _principal_basis(U, min(cfg.screen_rank, U.shape[1]))
+    Q = _principal_basis(U, min(cfg.head_rank, U.shape[1]))
     cal.u_basis, cal.u_proj = Q.float(), (U.double() @ Q).float()
     cal.lm_weight = cfg.lm_weight
-    ranker = LinearRanker(cal, tap, cfg.screen_top, torch.float32)
+    ranker = LinearRanker(cal, tap, cfg.screen_top, torch.float32, guess_top=cfg.guess_top)
     H = list(H_random.float())
     guesses = ranker.screen(ranker.context_residuals(*H)).split([len(h) - 1 for h in H])
     cal.lm_gate = _above_random([float(lp.mean()) for lp in ranker.lm_logprobs(H, list(guesses))], cfg)
@@ -311,7 +310,7 @@ def _lens_gate(cal: Calibration, tap, H_random: Tensor, cfg: LearnedConfig) -> N
     −7.7 to −6.3, the gate −4.6); placed as the LM prior's is (_above_random), on fresh random-id rows H_random
     [n, S, d]."""
     cal.lm_weight = cfg.lm_weight
-    ranker = LinearRanker(cal, tap, cfg.screen_top, torch.float32)
+    ranker = LinearRanker(cal, tap, cfg.screen_top, torch.float32, guess_top=cfg.guess_top)
     H = list(H_random.float())
     top, _ = ranker.screen_best(ranker.context_residuals(*H))
     logits = ranker.lens_logits(torch.cat([h[:-1] for h in H]), top).split([len(h) - 1 for h in H])
@@ -356,7 +355,7 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig,
         else:
             table = tables[j]
             fits16 = bool(torch.isfinite(table).all() and table.abs().max() < 6e4)
-            first = _table_subspace(table.half() if fits16 else table, min(cfg.screen_rank, table.shape[1]))
+            first = _table_subspace(table.half() if fits16 else table, min(cfg.table_rank, table.shape[1]))
         cal = _screening(dict(parts[j], **first), H_val[j].float(), val, cfg, tap)
         if observes_plain_states(tap) and tap.layer == lm.depth:  # not n_layers: max_layer may cut the model
             _lm_prior(cal, tap, H_gate[j], cfg)

@@ -14,7 +14,6 @@ import torch
 from ..policies import Policy
 from .config import learned_config
 from .fit import load_or_calibrate
-from .index import load_or_build_index
 from .ranker import LinearRanker
 
 GROUP = 32  # prompts per product in begin_many (bounds the [GROUP, V] float64 temporaries)
@@ -27,7 +26,7 @@ class Learned(Policy):
         super().__init__(tap, config)
         self.learned = learned_config(config)
         cal, self.calibration_seconds = load_or_calibrate(tap, self.learned)
-        self.ranker = LinearRanker(cal, tap, self.learned.screen_top, index=load_or_build_index(cal))
+        self.ranker = LinearRanker(cal, tap, self.learned.screen_top, guess_top=self.learned.guess_top)
 
     def begin(self, target, cost):
         self.begin_many([target], [cost], into=[self])

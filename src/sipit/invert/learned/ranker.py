@@ -17,14 +17,9 @@ from torch import Tensor
 
 from ...models.device import screen_dtype
 from .cache import Calibration
-from .index import ClusterIndex
 
 STORE_ERR = {torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24}  # relative rounding of the stored table
 EXACT_TOP = 1024  # tokens per search ranking scored exactly after the low-rank screen (token_scores)
-POSITION0_RANK = 64  # columns of the table's principal subspace (the calibration's 128, largest first) that
-#                     position 0's screen and bounds read: half the bytes (SmolLM2, V = 49,152, one prompt alone:
-#                     1.04 -> 0.42 ms at layers 1 and 15; the seed-5 bench prompts' position-0 margins alike, median
-#                     0.408 vs 0.409 at layer 1, the same minimum; 32 columns: 0.29 ms, median 0.335)
 SCREEN_ROWS = 128  # residuals per screening product: a [608, V] screen (32 prompts of 20 tokens) in one
 #                    product took 2.7x as long as in blocks of 128, whose [128, V] temporaries stay in cache
 
@@ -49,21 +44,19 @@ def row_dots(table: Tensor, ids: Tensor, x: Tensor, rows: int = 16) -> Tensor:
 
 class LinearRanker:
     def __init__(self, cal: Calibration, tap, screen_top: int = 64, low: torch.dtype | None = None,
-                 index: ClusterIndex | None = None):
-        """tap: what the calibration observed (its LM's head and final norm serve the LM prior); low: the
-        screens' dtype (default: models.device.screen_dtype; fitting passes float32, so a calibration
-        never depends on the hardware that fitted it); index: screens top-1 guesses instead of the dense
-        screen (index.py: where that one costs about a full product)."""
+                 guess_top: int = 16):
+        """tap: what the calibration observed (its LM's head and final norm serve the LM prior); screen_top:
+        the candidates position 0 and a search's first ranking score exactly, guess_top: those the guesses at
+        t ≥ 1 do (LearnedConfig); low: the screens' dtype (default: models.device.screen_dtype; fitting passes
+        float32, so a calibration never depends on the hardware that fitted it)."""
         self.cal, self.lm, self.final_norm = cal, tap.lm, getattr(tap, "final_norm", False)
-        self.index = index
         self._scored = 0  # (position, token) scores computed so far, for the bench: see `scored`
-        self.screen_top = screen_top
+        self.screen_top, self.guess_top = screen_top, guess_top
         if cal.table is not None:
             self.table_err = STORE_ERR[cal.table.dtype] + 1e-5  # storage rounding + batched-pass noise
             # [k, V] row-major: a product with few rows reads it 3x faster than t_proj.T's strided
             # view (one prompt, SmolLM2, k = 128: 4.3 -> 1.4 ms on this project's 2-core CPU)
-            k = min(POSITION0_RANK, cal.t_proj.shape[1])
-            self.t_basis, t_proj = cal.t_basis[:, :k], cal.t_proj[:, :k]  # [d, k], [V, k]
+            k, self.t_basis, t_proj = cal.t_proj.shape[1], cal.t_basis, cal.t_proj  # k, [d, k], [V, k]
             self.t_proj_T = t_proj.T.contiguous()
             # position 0's squared distances in the subspace, in float32 less a slack that covers its
             # rounding: a·(‖p_v‖² + ‖q‖²) for the [k]-long products and the sums (+ t_proj's storage),
@@ -78,12 +71,17 @@ class LinearRanker:
         self.low = low or screen_dtype(cal.P.device)
         self.exact_screen = cal.p_basis.shape[1] == cal.P.shape[1]  # full rank: screens score exactly
         # the guesses' screens, one product each with the bias folded in: [x·B, (w/2g)·n·U, −1, −1, −c] against
-        # [P_v B, U_v B, hi_v, lo_v, 1] with hi + lo = (g/2)‖P_v‖² (two columns: to ~2⁻¹⁸ in bfloat16) and c a
+        # [P_v B, U_v B, hi_v, lo_v, 1] with hi + lo = (g/2)‖P_v B‖² (two columns: to ~2⁻¹⁸ in bfloat16) and c a
         # per-row shift that puts the best scores near 0 (the product accumulates in float32 and rounds its
         # output: near 0 that rounding is small), so the [n, V] scores leave the product in the screening
         # dtype: no float32 copy, no pass to add the bias (Gemma-3, V = 262,144: the copy cost more than the
         # bfloat16 product)
-        half_sq = (self.gain / 2) * cal.P_sq.double()
+        # The screens score the projected distance ‖Π(r/g − P_v)‖², with ‖ΠP_v‖² (p_sq) rather than ‖P_v‖²:
+        # subtracting the full norm while the product sees only r's projection penalises the true token by its
+        # unseen part g‖Π⊥P_v‖² (SmolLM2 layer 1, the seed-5 bench prompts, rank 64: the exact top-1 was in that
+        # screen's 64 best at 324 of 760 positions, in this one's best 1 at all 760)
+        self.p_sq = (cal.p_proj.double() ** 2).sum(1).float()  # [V]
+        half_sq = (self.gain / 2) * self.p_sq.double()
         hi = half_sq.to(self.low)
         bias = torch.stack([hi, (half_sq - hi.double()).to(self.low), torch.ones_like(hi)], 1)  # [V, 3]
         proj = cal.p_proj.to(self.low)
@@ -94,8 +92,8 @@ class LinearRanker:
     @property
     def scored(self) -> int:
         """(position, token) pairs this ranker has scored so far: every token for each position of a
-        dense screen, ranking or LM score; the index's probed rows and centroids."""
-        return self._scored + (self.index.scored if self.index is not None else 0)
+        dense screen, ranking or LM score."""
+        return self._scored
 
     def _count(self, positions: int) -> None:
         self._scored += positions * self.cal.P.shape[0]
@@ -132,12 +130,8 @@ class LinearRanker:
     def _normed(self, h: Tensor) -> Tensor:
         return h if self.final_norm else self.lm.norm(h)
 
-    def _in_screen(self, x: Tensor, basis: Tensor, proj_low: Tensor) -> Tensor:
-        """x [n, d] against every row of a screen: (x @ basis) @ projᵀ in the screening dtype. [n, V] float32"""
-        return against((x @ basis).to(self.low), proj_low).float()
-
     def _biased_screen(self, parts: list[Tensor], table: Tensor) -> Tensor:
-        """Half the screened score, x·B·(P_v B) [+ (w/2g)·n·U·(U_v B)] − (g/2)‖P_v‖², of every token less a
+        """Half the screened score, x·B·(P_v B) [+ (w/2g)·n·U·(U_v B)] − (g/2)‖P_v B‖², of every token less a
         per-row constant (‖x·B‖²/2g: the best near 0), in one product: parts [n, ·] (the projected residuals,
         then the prior's part) against table [V, ·]. [n, V] in the screening dtype (orders only)."""
         x = parts[0]
@@ -155,17 +149,13 @@ class LinearRanker:
 
     def screen_best(self, r: Tensor) -> tuple[Tensor, Tensor]:
         """The screen's best, exactly scored: context residuals r [n, d] -> (ids [n, m], scores
-        2 r·P_v − g‖P_v‖² [n, m], best first): the screen_top best of the low-rank screen, or of a full-rank
-        one; only the top-1 (m = 1) where the index screens."""
+        2 r·P_v − g‖P_v‖² [n, m], best first): the guess_top best of the low-rank screen, or of a full-rank one."""
         c = self.cal
-        if self.index is not None:
-            top = self.index.top1(r, self.gain)[:, None]
-            return top, self._exact(top, r, self.gain)
         if len(r) > SCREEN_ROWS:
             parts = [self.screen_best(r[i:i + SCREEN_ROWS]) for i in range(0, len(r), SCREEN_ROWS)]
             return torch.cat([i for i, _ in parts]), torch.cat([v for _, v in parts])
         self._count(len(r))
-        m = min(self.screen_top, len(c.P))
+        m = min(self.guess_top, len(c.P))
         if self.exact_screen:  # half the score, r·P_v − (g/2)‖P_v‖², orders alike
             best = against(r, c.P).sub_(c.P_sq, alpha=self.gain / 2).topk(m)
             return best.indices, 2 * best.values
@@ -316,8 +306,8 @@ class LinearRanker:
         return s
 
     def token_scores(self, Y: Tensor, g: Tensor, exact_top: int | None = None) -> Tensor:
-        """2g·P_v·y − g²‖P_v‖² of every token v for residuals Y [n, d] with gains g [n]: in P's principal
-        subspace (the screen), then exactly for each row's exact_top (default EXACT_TOP) best. A full-rank
+        """2g·P_v·y − g²‖P_v‖² of every token v for residuals Y [n, d] with gains g [n]: bounded above in P's
+        principal subspace (the screen), then exactly for each row's exact_top (default EXACT_TOP) best. A full-rank
         screen is exact already. Reading the [V, r] screen instead of the [V, d] P is what a search batch's
         ranking costs (SmolLM2 ℓ = 15: r = 128 of d = 576); rankings are read no deeper than EXACT_TOP before
         the loop's last batches. [n, V]"""
@@ -326,8 +316,13 @@ class LinearRanker:
         g = g.float()[:, None].to(Y.device)  # [n, 1]
         if self.exact_screen:
             return against(Y, c.P).mul_(2 * g).sub_(g * g * c.P_sq)
-        s = self._in_screen(Y, c.p_basis, self.p_proj_low).mul_(2 * g).sub_(g * g * c.P_sq)  # [n, V]
-        top = s.topk(min(exact_top or EXACT_TOP, s.shape[1]), dim=1).indices  # [n, m]
+        dots = against((Y.float() @ c.p_basis).to(self.low), self.p_proj_low).float().mul_(2 * g)  # [n, V]
+        # the best by the projected distance (as the guesses' screen), the rest valued as if y had no part outside
+        # the subspace: 2g·ΠP_v·Πy − g²‖P_v‖², which for a token unrelated to y estimates the exact score, where
+        # the projected distance's −g²‖ΠP_v‖² overrates them all by g²‖Π⊥P_v‖² (an upper bound, +‖Π⊥y‖², put
+        # every screened token before the exact ones: SmolLM2 layer 15, searches of ~10⁴ tokens)
+        top = (dots - g * g * self.p_sq).topk(min(exact_top or EXACT_TOP, dots.shape[1]), dim=1).indices  # [n, m]
+        s = dots.sub_(g * g * c.P_sq)
         exact = g * self._exact(top, Y, g)
         return s.scatter_(1, top, exact)
 
