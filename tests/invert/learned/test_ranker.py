@@ -62,7 +62,7 @@ def test_the_lens_reranks_the_screens_best_of_text_like_prompts_only(lm, ranker)
     assert cal.lens_w is not None and cal.lens_w.shape == (lm.d_model, lm.d_model) and cal.lens_gate is not None
     target = LayerTap(lm, 2).states(torch.tensor(lm.encode("The cat sat on the mat and looked at the dog.")[:12]))
     top, scores = ranker.screen_best(ranker.context_residuals(target))
-    assert top.shape[1] == min(ranker.guess_top, lm.vocab_size) and bool((scores[:, :-1] >= scores[:, 1:]).all())
+    assert top.shape[1] == min(ranker.screen_top, lm.vocab_size) and bool((scores[:, :-1] >= scores[:, 1:]).all())
     logits = ranker.lens_logits(target[:-1], top)
     assert not torch.equal(logits.argmax(1), torch.zeros(len(top), dtype=torch.long))  # the two cases differ
     for gate, weight, expect in ((float("inf"), 5.0, top[:, 0]), (-float("inf"), 1e6, top.gather(1, logits.argmax(1, keepdim=True))[:, 0])):

@@ -19,8 +19,9 @@ from torch import Tensor
 from ...models.load import cache_dir
 from .config import LearnedConfig
 
-VERSION = 7  # bump whenever what is fitted, stored or keyed changes (6: the lens prior below the last layer; 7: P's
-#             screen scores projected distances, so its rank is chosen anew; the table subspace keeps 64 columns)
+VERSION = 8  # bump whenever what is fitted, stored or keyed changes (6: the lens prior below the last layer; 7: P's
+#             screen scores projected distances, so its rank is chosen anew; the table subspace keeps 64 columns;
+#             8: the lens gate read from the screen's 64 best again)
 
 
 @dataclass

@@ -149,13 +149,16 @@ class LinearRanker:
 
     def screen_best(self, r: Tensor) -> tuple[Tensor, Tensor]:
         """The screen's best, exactly scored: context residuals r [n, d] -> (ids [n, m], scores
-        2 r·P_v − g‖P_v‖² [n, m], best first): the guess_top best of the low-rank screen, or of a full-rank one."""
+        2 r·P_v − g‖P_v‖² [n, m], best first): the guess_top best of the low-rank screen, or of a full-rank one
+        (screen_top with a lens)."""
         c = self.cal
         if len(r) > SCREEN_ROWS:
             parts = [self.screen_best(r[i:i + SCREEN_ROWS]) for i in range(0, len(r), SCREEN_ROWS)]
             return torch.cat([i for i, _ in parts]), torch.cat([v for _, v in parts])
         self._count(len(r))
-        m = min(self.guess_top, len(c.P))
+        # (with a lens, its text score and re-ranking read the screen_top best: fewer compress the score's
+        # scale and its gate, calibrated on random ids, then shuts the lens off for text)
+        m = min(self.screen_top if c.lens_w is not None else self.guess_top, len(c.P))
         if self.exact_screen:  # half the score, r·P_v − (g/2)‖P_v‖², orders alike
             best = against(r, c.P).sub_(c.P_sq, alpha=self.gain / 2).topk(m)
             return best.indices, 2 * best.values
