@@ -1,6 +1,8 @@
 """Position 0 with the first k of the table subspace's columns (128, 64, 32, 16): the milliseconds of one prompt's
 LinearRanker.position0 alone, whether the guess is right, and the certified margin (the least lower bound or exact
-distance of any other token) over the 40 seed-5 bench prompts, at layers 1 and 15 (full calibration).
+distance of any other token) over the 40 seed-5 bench prompts, at layers 1 and 15 (full calibration). Since
+cache VERSION 7 a calibration stores only LearnedConfig.table_rank (64) columns: k = 128 needs one fitted with
+table_rank=128, and is skipped otherwise.
 
     python position0_rank.py"""
 import time, statistics, torch
@@ -18,7 +20,7 @@ for layer in (1, 15):
     eng = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=tolerance_for(tap, {states.dtype}).eps)
     rk = eng.policy.ranker; c = rk.cal
     full_proj = c.t_proj
-    for k in (128, 64, 32, 16):  # (what LinearRanker.__init__ does with POSITION0_RANK = k)
+    for k in (x for x in (128, 64, 32, 16) if x <= full_proj.shape[1]):  # (a calibration with table_rank = k)
         c.t_proj = full_proj[:, :k].contiguous()
         rk.t_basis = c.t_basis[:, :k]
         t_sq = (c.t_proj.double() ** 2).sum(1)

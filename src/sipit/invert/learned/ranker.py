@@ -50,7 +50,8 @@ class LinearRanker:
         t ≥ 1 do (LearnedConfig); low: the screens' dtype (default: models.device.screen_dtype; fitting passes
         float32, so a calibration never depends on the hardware that fitted it)."""
         self.cal, self.lm, self.final_norm = cal, tap.lm, getattr(tap, "final_norm", False)
-        self._scored = 0  # (position, token) scores computed so far, for the bench: see `scored`
+        self.scored = 0  # (position, token) pairs scored so far, for the bench: every token for each position of
+        #                  a screen, ranking or LM score
         self.screen_top, self.guess_top = screen_top, guess_top
         if cal.table is not None:
             self.table_err = STORE_ERR[cal.table.dtype] + 1e-5  # storage rounding + batched-pass noise
@@ -89,14 +90,8 @@ class LinearRanker:
         self.prior_table = torch.cat([proj, cal.u_proj.to(self.low), bias], 1) if cal.has_prior else None
         self.p_proj_low = self.screen_table[:, :proj.shape[1]]  # a view: token_scores' screen (its gain varies)
 
-    @property
-    def scored(self) -> int:
-        """(position, token) pairs this ranker has scored so far: every token for each position of a
-        dense screen, ranking or LM score."""
-        return self._scored
-
     def _count(self, positions: int) -> None:
-        self._scored += positions * self.cal.P.shape[0]
+        self.scored += positions * self.cal.P.shape[0]
 
     def position0(self, Y: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """Y [B, d]: position 0 of B prompts -> (guesses [B], an order key [B, V]: ascending = best
