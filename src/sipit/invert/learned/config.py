@@ -21,9 +21,10 @@ class LearnedConfig:
     # --- screening (fit.py, ranker.py): low-rank scores first, exact for the best few
     screen_rank: int = 64  # smallest rank tried for the whitened token predictions P (doubled until it agrees)
     screen_top: int = 64  # candidates per position scored exactly after the screen (position 0, searches) ...
-    guess_top: int = 16  # ... and for the guesses at t ≥ 1 without a lens (a lens reads screen_top: screen_best). SmolLM2,
-    #                      the bench prompts of seeds 59 / 61 / 67, against 64: layer 30 wrong first guesses 181 / 183 /
-    #                      206 vs 181 / 183 / 207, 10.9-12.0 vs 12.4-12.9 ms a prompt; layer 1 none wrong, 1.2 vs 1.9 ms
+    guess_top: int = 16  # ... and for the guesses at t ≥ 1 without a lens (a lens reads screen_top: screen_best).
+    #                      SmolLM2, the bench prompts of seeds 59 / 61 / 67, against 64: layer 30 wrong first guesses
+    #                      181 / 183 / 206 vs 181 / 183 / 207, 10.9-12.0 vs 12.4-12.9 ms a prompt; layer 1 none wrong,
+    #                      1.2 vs 1.9 ms
     screen_agree: float = 0.999  # a rank is kept once its top-1 agrees with full scoring this often (a miss costs
     #                              a pass; SmolLM2's 608 validation positions: every one)
     table_rank: int = 64  # columns of the position-0 table's principal subspace (its screen and certified bounds;

@@ -304,10 +304,10 @@ class LinearRanker:
         return s
 
     def token_scores(self, Y: Tensor, g: Tensor, exact_top: int | None = None) -> Tensor:
-        """2g·P_v·y − g²‖P_v‖² of every token v for residuals Y [n, d] with gains g [n]: bounded above in P's
-        principal subspace (the screen), then exactly for each row's exact_top (default EXACT_TOP) best. A full-rank
-        screen is exact already. Reading the [V, r] screen instead of the [V, d] P is what a search batch's
-        ranking costs (SmolLM2 ℓ = 15: r = 128 of d = 576); rankings are read no deeper than EXACT_TOP before
+        """2g·P_v·y − g²‖P_v‖² of every token v for residuals Y [n, d] with gains g [n]: exactly for each row's
+        exact_top (default EXACT_TOP) best by the screen in P's principal subspace, estimated there for the rest. A
+        full-rank screen is exact already. Reading the [V, r] screen instead of the [V, d] P is what a search batch's
+        ranking costs (SmolLM2 ℓ = 15: r = 64 of d = 576); rankings are read no deeper than EXACT_TOP before
         the loop's last batches. [n, V]"""
         c = self.cal
         self._count(len(Y))
@@ -319,7 +319,8 @@ class LinearRanker:
         # the subspace: 2g·ΠP_v·Πy − g²‖P_v‖², which for a token unrelated to y estimates the exact score, where
         # the projected distance's −g²‖ΠP_v‖² overrates them all by g²‖Π⊥P_v‖² (an upper bound, +‖Π⊥y‖², put
         # every screened token before the exact ones: SmolLM2 layer 15, searches of ~10⁴ tokens)
-        top = (dots - g * g * self.p_sq).topk(min(exact_top or EXACT_TOP, dots.shape[1]), dim=1).indices  # [n, m]
+        m = min(exact_top or EXACT_TOP, dots.shape[1])
+        top = (dots - g * g * self.p_sq).topk(m, dim=1).indices  # [n, m]
         s = dots.sub_(g * g * c.P_sq)
         exact = g * self._exact(top, Y, g)
         return s.scatter_(1, top, exact)
