@@ -3,6 +3,8 @@ time with each nprobe in turn, alternating, in one process; every inversion exac
 
     python nprobe_ab.py NPROBES SEEDS REPEATS        e.g. 4,8,16 1,7,13,17,23 3
 
+The index was removed at 692fd15 (no calibration needs it since the screens score projected distances): run this
+at 118cc7e–2fa4310 (`git checkout 2fa4310 -- src`, then back).
 Per seed and nprobe: index guesses that differ from exact scoring (of 760), prompts inverted in one pass, and
 the median ratio (seconds ÷ a forward of the prompt timed in the same run)."""
 import statistics
