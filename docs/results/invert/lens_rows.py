@@ -4,19 +4,16 @@ guesses' candidates (the screen's guess_top best) of the bench prompts by score 
 true prompt's own last-layer states (an upper bound).
     python lens_rows.py LAYER SEEDS ROWS WEIGHTS      e.g. 15 5 256,1024,2048 2.5,5,10"""
 import sys, time, torch
-from sipit.bench.invert import prompts
-from sipit.invert import InvertConfig, SipIt
+from common import bench_prompts, ranker_at, smollm2
 from sipit.invert.learned.config import calibration_config
 from sipit.invert.learned.data import calibration_ids
 from sipit.invert.learned.fit import Moments
-from sipit.models import LayerTap, load_model
+from sipit.models import LayerTap
 from sipit.models.tap import run_taps
 layer = int(sys.argv[1]); seeds = [int(s) for s in sys.argv[2].split(",")]
 rows_list = [int(x) for x in sys.argv[3].split(",")]; weights = [float(x) for x in sys.argv[4].split(",")]
-torch.set_num_threads(2)
-lm = load_model("smollm2"); tap = LayerTap(lm, layer); last = LayerTap(lm, lm.depth)
-cfg = calibration_config("full")
-rk = SipIt(lm, layer, InvertConfig(policy="learned", learned=cfg), eps=1e-4).policy.ranker; cal = rk.cal
+lm = smollm2(); tap, rk = ranker_at(lm, layer); last = LayerTap(lm, lm.depth)
+cfg = calibration_config("full"); cal = rk.cal
 ids = calibration_ids(lm, 64 * max(rows_list) * 2, 64, 0.0)[:max(rows_list)]
 lenses, m, t0 = {}, Moments(), time.perf_counter()
 with torch.no_grad():
@@ -29,8 +26,7 @@ with torch.no_grad():
 lenses["cal"] = (cal.lens_w, cal.lens_b)
 U = rk.unembed
 for seed in seeds:
-    data = prompts(lm, ["prose", "code", "random", "chat"], 10, 20, seed)
-    tids = torch.tensor([p for _, p in data])
+    _, tids, _ = bench_prompts(lm, tap, seed)
     with torch.no_grad():
         S, SL = [x.float() for x in run_taps(lm, [tap, last], tids)]
     for name in ["plain", "cal", *rows_list, "oracle"]:

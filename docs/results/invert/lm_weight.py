@@ -1,19 +1,13 @@
 """Wrong first guesses (ranker.guesses) and prompts with none at the last layer for several LM-prior weights
 (Calibration.lm_weight, 5 by default), on the bench prompts.
     python lm_weight.py LAYER SEEDS WEIGHTS        e.g. 30 5 3,5,7.5,10,15"""
-import sys, torch
-from sipit.bench.invert import prompts
-from sipit.invert import InvertConfig, SipIt
-from sipit.invert.learned.config import calibration_config
-from sipit.models import LayerTap, load_model
+import sys
+from common import bench_prompts, ranker_at, smollm2
 layer = int(sys.argv[1]); seeds = [int(s) for s in sys.argv[2].split(",")]; weights = [float(x) for x in sys.argv[3].split(",")]
-torch.set_num_threads(2)
-lm = load_model("smollm2"); tap = LayerTap(lm, layer)
-rk = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=1e-4).policy.ranker
+lm = smollm2(); tap, rk = ranker_at(lm, layer)
 w0 = rk.cal.lm_weight; print("calibrated weight", w0, "gate", rk.cal.lm_gate)
 for seed in seeds:
-    data = prompts(lm, ["prose", "code", "random", "chat"], 10, 20, seed)
-    tids = torch.tensor([p for _, p in data]); states = [s.float() for s in tap.states(tids)]
+    data, tids, states = bench_prompts(lm, tap, seed)
     for w in weights:
         rk.cal.lm_weight = w
         per = {}

@@ -4,18 +4,12 @@ re-ranks the guesses' candidates (the screen's guess_top best) of the bench prom
 score + β (2 ŷ·P_v − NORM·‖P_v‖²)/σ² (and the lens, as the guesses do); positions 1..T-2. Counts wrong first guesses.
     python next_state_features.py LAYER SEEDS BETAS [next|both] [RIDGE] [NORM]      e.g. 15 5 0.1,0.25 next 1.0 0"""
 import sys, time, torch
-from sipit.bench.invert import prompts
-from sipit.invert import InvertConfig, SipIt
-from sipit.invert.learned.config import calibration_config
+from common import SOURCES, bench_prompts, ranker_at, smollm2
 from sipit.invert.learned.data import calibration_ids
-from sipit.models import LayerTap, load_model
 layer = int(sys.argv[1]); seeds = [int(s) for s in sys.argv[2].split(",")]
 betas = [float(b) for b in sys.argv[3].split(",")]
 MODE = sys.argv[4] if len(sys.argv) > 4 else "next"; lam = float(sys.argv[5]) if len(sys.argv) > 5 else 1.0; NORM = float(sys.argv[6]) if len(sys.argv) > 6 else 1.0
-torch.set_num_threads(2)
-lm = load_model("smollm2"); tap = LayerTap(lm, layer)
-eng = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=1e-4)
-rk = eng.policy.ranker; cal = rk.cal; g = rk.gain
+lm = smollm2(); tap, rk = ranker_at(lm, layer); cal = rk.cal; g = rk.gain
 def phi(H):  # H [T, d] -> features of positions 1..T-2 [T-2, ·]
     w = H.float() @ cal.white
     return w[2:] if MODE == "next" else torch.cat([w[1:-1], w[2:]], 1)
@@ -34,11 +28,10 @@ sig2 = float((R ** 2).mean()); print("data", X.shape, "R2", float(1 - (R ** 2).s
       round(time.perf_counter() - t0, 1), "s", flush=True)
 M, mx, my = M.float(), mx.float(), my.float()
 for seed in seeds:
-    data = prompts(lm, ["prose", "code", "random", "chat"], 10, 20, seed)
-    P_ids = torch.tensor([p for _, p in data]); states = tap.states(P_ids)
-    wrong = {b: [0, 0, 0, 0] for b in betas}; kinds = ["prose", "code", "random", "chat"]
-    for (kind, p), s in zip(data, states):
-        p = torch.tensor(p); s = s.float(); r = rk.context_residuals(s); top, sc = rk.screen_best(r)
+    data, ids, states = bench_prompts(lm, tap, seed)
+    wrong = {b: [0, 0, 0, 0] for b in betas}
+    for (kind, _), p, s in zip(data, ids, states):
+        r = rk.context_residuals(s); top, sc = rk.screen_best(r)
         lg = rk.lens_logits(s[:-1], top)
         on = rk.lens_text_score(lg) > cal.lens_gate
         base = sc + (2 * cal.lm_weight * lg if on else 0)
@@ -48,6 +41,6 @@ for seed in seeds:
         truth = p[1:]
         for b in betas:
             sc2 = base.clone(); sc2[:-1] += b * nxt
-            wrong[b][kinds.index(kind)] += int((top.gather(1, sc2.argmax(1, keepdim=True))[:, 0] != truth).sum())
+            wrong[b][SOURCES.index(kind)] += int((top.gather(1, sc2.argmax(1, keepdim=True))[:, 0] != truth).sum())
     for b in betas:
         print(f"seed {seed} beta {b}: wrong first guesses {sum(wrong[b])} (prose/code/random/chat {wrong[b]})", flush=True)

@@ -4,20 +4,14 @@ dot product less the FULL norm, 2 r·ΠP_v − g‖P_v‖² (the screens until 6
 among each screen's best m.
     python screen_norm.py LAYER SEEDS        e.g. 1 5"""
 import sys, torch
-from sipit.bench.invert import prompts
-from sipit.invert import InvertConfig, SipIt
-from sipit.invert.learned.config import calibration_config
-from sipit.models import LayerTap, load_model
-torch.set_num_threads(2)
-layer = int(sys.argv[1]); seeds = [int(s) for s in sys.argv[2].split(",")]
-lm = load_model("smollm2"); tap = LayerTap(lm, layer)
-rk = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=1e-4).policy.ranker; cal = rk.cal; g = rk.gain
-P = cal.P.float(); print("layer", layer, "p_basis", tuple(cal.p_basis.shape), "gain", g)
+from common import bench_prompts, ranker_at, smollm2
 from sipit.invert.learned.fit import _principal_basis
+layer = int(sys.argv[1]); seeds = [int(s) for s in sys.argv[2].split(",")]
+lm = smollm2(); tap, rk = ranker_at(lm, layer); cal = rk.cal; g = rk.gain
+P = cal.P.float(); print("layer", layer, "p_basis", tuple(cal.p_basis.shape), "gain", g)
 basis = _principal_basis(P, P.shape[1]).float()
 for seed in seeds:
-    data = prompts(lm, ["prose", "code", "random", "chat"], 10, 20, seed)
-    tids = torch.tensor([p for _, p in data]); states = [s.float() for s in tap.states(tids)]
+    data, tids, states = bench_prompts(lm, tap, seed)
     r = rk.context_residuals(*states); truth = tids[:, 1:].reshape(-1)
     exact = (2 * r @ P.T - g * cal.P_sq).argmax(1)
     print(f"seed {seed}: exact top-1 right {int((exact == truth).sum())}/{len(truth)}")
