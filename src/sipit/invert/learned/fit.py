@@ -254,6 +254,12 @@ def _position0_gain(p0: dict, H0: Tensor, truth: Tensor, gains) -> float:
     return _best_gain(2 * r0 @ p0["p0"].T, p0["p0_sq"], truth, gains)
 
 
+def _ranker(cal: Calibration, tap, cfg: LearnedConfig) -> LinearRanker:
+    """The ranker the fit measures with, as the policy builds it but screening in float32 (a calibration never
+    depends on the hardware that fitted it)."""
+    return LinearRanker(cal, tap, cfg.screen_top, torch.float32, guess_top=cfg.guess_top)
+
+
 def _screening(parts: dict, H: Tensor, ids: Tensor, cfg: LearnedConfig, tap) -> Calibration:
     """The gain of the token part and the screening rank of P, chosen on fresh validation rows
     ids [n, S] with states H [n, S, d]; parts: the fitted fields (position 0's included).
@@ -277,7 +283,7 @@ def _screening(parts: dict, H: Tensor, ids: Tensor, cfg: LearnedConfig, tap) -> 
     while True:  # (float32 projections: the screen only orders candidates)
         out.update(p_basis=basis[:, :rank].contiguous(), p_proj=P.float() @ basis[:, :rank])
         cal = Calibration(key="", gain=gain, seconds=0.0, **out)
-        screened = LinearRanker(cal, tap, cfg.screen_top, torch.float32, guess_top=cfg.guess_top).screen(r)
+        screened = _ranker(cal, tap, cfg).screen(r)
         if rank == d or float((screened == full).float().mean()) >= cfg.screen_agree:
             return cal
         rank = min(2 * rank, d)
@@ -293,7 +299,7 @@ def _lm_prior(cal: Calibration, tap, H_random: Tensor, cfg: LearnedConfig) -> No
     Q = _principal_basis(U, min(cfg.head_rank, U.shape[1]))
     cal.u_basis, cal.u_proj = Q.float(), (U.double() @ Q).float()
     cal.lm_weight = cfg.lm_weight
-    ranker = LinearRanker(cal, tap, cfg.screen_top, torch.float32, guess_top=cfg.guess_top)
+    ranker = _ranker(cal, tap, cfg)
     H = list(H_random.float())
     guesses = ranker.screen(ranker.context_residuals(*H)).split([len(h) - 1 for h in H])
     cal.lm_gate = _above_random([float(lp.mean()) for lp in ranker.lm_logprobs(H, list(guesses))], cfg)
@@ -310,7 +316,7 @@ def _lens_gate(cal: Calibration, tap, H_random: Tensor, cfg: LearnedConfig) -> N
     −7.7 to −6.3, the gate −4.6); placed as the LM prior's is (_above_random), on fresh random-id rows H_random
     [n, S, d]."""
     cal.lm_weight = cfg.lm_weight
-    ranker = LinearRanker(cal, tap, cfg.screen_top, torch.float32, guess_top=cfg.guess_top)
+    ranker = _ranker(cal, tap, cfg)
     H = list(H_random.float())
     top, _ = ranker.screen_best(ranker.context_residuals(*H))
     logits = ranker.lens_logits(torch.cat([h[:-1] for h in H]), top).split([len(h) - 1 for h in H])
