@@ -107,6 +107,18 @@ def test_cuda_inversion_is_exact_with_the_gpu_search_batch():
     assert r.prompts[0].ids == ids[0].tolist() and r.prompts[0].status == "ok"
 
 
+@pytest.mark.cuda
+def test_cuda_learned_lock_step_is_exact():
+    """On a GPU: the learned policy, calibrated there (its screens in the GPU's screening dtype), inverts
+    two prompts in lock-step exactly."""
+    from sipit.invert import InvertConfig, invert
+
+    lm = load_model("tiny-llama", device="cuda")
+    ids = torch.tensor([[5, 17, 3, 99, 42, 7], [250, 17, 203, 99, 242, 7]])
+    r = invert(lm, LayerTap(lm, 2).states(ids), 2, InvertConfig(policy="learned"), progress=False)
+    assert [p.ids for p in r.prompts] == ids.tolist() and {p.status for p in r.prompts} == {"ok"}
+
+
 def test_search_rows_fit_free_memory(monkeypatch):
     """On a GPU a pass holds fewer rows on a longer prefix (each row its own copy of the prefix's keys and
     values); off CUDA the cap; an inversion under a tight budget takes more, smaller passes, still exact."""
