@@ -58,6 +58,15 @@ def test_batch_from_free_memory(monkeypatch):
     assert batch_for("cuda", 10**9, cap=100, floor=2) == 2
 
 
+def test_free_memory_counts_the_allocators_unused_blocks(monkeypatch):
+    """Blocks PyTorch's caching allocator keeps after a pass are free to the next one."""
+    assert device_mod.free_bytes("cpu") is None
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (1000, 5000))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev: 3000)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev: 1200)
+    assert device_mod.free_bytes("cuda") == 1000 + 3000 - 1200
+
+
 def test_exact_matmul_turns_tf32_off(monkeypatch):
     torch.backends.cuda.matmul.allow_tf32 = True
     try:

@@ -5,8 +5,8 @@
 #   bash docs/results/gpu/run.sh layer1   # random:llama-3.1-8b, bf16, layer 1: search passes of 256 candidates
 #                                         # (the CPU's) against the GPU's default (4,096), same prompts
 #   bash docs/results/gpu/run.sh deep     # layers 16 and 32 with the GPU's default
-#   CAP=540 bash docs/results/gpu/run.sh long   # layer 16, one 160-token prompt: passes sized by free memory
-#                                         # (LayerTap.rows_that_fit: 4,096 rows would need ~43 GB there)
+#   bash docs/results/gpu/run.sh long     # long_prefix.py: passes sized by free memory where the size binds
+#                                         # (prefixes of 160-2,048 tokens), then one 160-token prompt, 240 s
 #   bash docs/results/gpu/run.sh          # all but long (more than one 10-minute device call: run the parts)
 # Each inversion run stops after ${CAP:-240} s; --progress prints a line per prompt as it finishes, so a
 # stopped run still shows its finished prompts. ${PROMPTS:-3} 20-token random-id prompts per run.
@@ -59,5 +59,5 @@ if [ "$what" = deep ] || [ "$what" = all ]; then
     invert L32 --layers 32
 fi
 if [ "$what" = long ]; then
-    invert L16-long --layers 16 --length 160 --prompts 1
+    timeout 340 $PY docs/results/gpu/long_prefix.py "$OUT/long_prefix.json" 2>&1 | tee "$OUT/long_prefix.txt"
 fi

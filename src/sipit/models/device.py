@@ -71,12 +71,17 @@ def exact_matmul(device: torch.device | str):
 
 
 def free_bytes(device: torch.device | str) -> int | None:
-    """Free memory on a CUDA device in bytes (torch.cuda.mem_get_info); None elsewhere (no limit known)."""
+    """Memory a CUDA device can still give this process, in bytes; None elsewhere (no limit known).
+
+    The driver's free memory (torch.cuda.mem_get_info) plus what PyTorch's caching allocator holds
+    unused: it keeps a pass's blocks for the next, and each search pass of a growing prefix asks for
+    a little more, so counting them as taken shrank later passes (an 8B model's 128- and 160-token
+    prompts on an H200 took 37-77 passes a position where 20-token ones take 19)."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
     free, _total = torch.cuda.mem_get_info(device)
-    return free
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
 def batch_for(device: torch.device | str, bytes_per_item: int, *, cap: int, floor: int = 1,
