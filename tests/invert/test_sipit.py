@@ -3,6 +3,7 @@
 States are always captured by one ordinary full forward pass (LayerTap.states on the whole prompt),
 never by the incremental path the inversion itself uses.
 """
+import math
 import time
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from sipit.invert import GradientConfig, InversionError, InvertConfig, SipIt, invert, run
 from sipit.invert.baselines import HardPromptsConfig
-from sipit.invert.config import batch_size_for
+from sipit.invert.config import batch_size_for, speculate_tokens_for
 from sipit.invert.policies import Exhaustive
 from sipit.invert.verify import DuplicateClasses
 from sipit.models import LayerTap, load_model, tiny_model
@@ -91,6 +92,34 @@ def test_search_and_lookahead_after_mismatches(lm):
     assert [q.via for q in p.positions] == ["speculation"] + ["lookahead"] * (len(ids[0]) - 1)
     assert [q.tried > 1 for q in p.positions] == [t % 3 == 1 for t in range(len(ids[0]))]
     assert all(q.token == int(v) for q, v in zip(p.positions, ids[0]))
+
+
+class RightGuesses(WrongGuesses):
+    """Every guess right."""
+
+    name = "right-guesses"
+
+    def guesses(self, t, ids):
+        return self.truth[t:]
+
+
+def test_speculation_rows_are_capped_and_double_while_right(lm):
+    """speculate_tokens=2: rows of 2, 4, 8, ... guesses while every guess is right (a T-token prompt in
+    ceil(log2(T/2 + 1)) passes); uncapped (more than T), one pass. After wrong guesses, capped rows still end
+    exact, with fewer tokens."""
+    ids, states = capture(lm, TEXT[:1], 2)
+    T = ids.shape[1]
+    RightGuesses.truth = WrongGuesses.truth = ids[0]
+
+    def inverted(policy, cap):
+        config = InvertConfig(policy=policy, batch_size=64, speculate_tokens=cap)
+        return invert(lm, states, 2, config, progress=False, true_ids=ids.tolist()).prompts[0]
+
+    assert T > 6 and inverted(RightGuesses, 10**6).tap_calls == 1
+    capped = inverted(RightGuesses, 2)
+    assert capped.exact and capped.tap_calls == math.ceil(math.log2(T / 2 + 1))
+    wrong = inverted(WrongGuesses, 2)
+    assert wrong.exact and wrong.forward_tokens < inverted(WrongGuesses, 10**6).forward_tokens
 
 
 class RevisedGuesses(WrongGuesses):
@@ -257,7 +286,8 @@ def test_non_finite_states_fail_without_search(lm):
 
 
 def test_search_batch_defaults_to_the_device(lm):
-    """256 candidates a pass on a CPU, 4096 on a GPU, unless the config says; configs without the field too."""
+    """256 candidates a pass on a CPU, 4096 on a GPU, unless the config says; configs without the field too.
+    Speculation rows: 32 guesses on a CPU, 512 on a GPU."""
     assert batch_size_for(InvertConfig(), torch.device("cpu")) == 256
     assert batch_size_for(InvertConfig(), torch.device("cuda")) == 4096
     assert batch_size_for(InvertConfig(batch_size=8), torch.device("cuda")) == 8
@@ -265,6 +295,11 @@ def test_search_batch_defaults_to_the_device(lm):
     assert SipIt(lm, 1, InvertConfig(policy="exhaustive")).config.batch_size == 256
     with pytest.raises(InversionError, match="at least 1"):
         SipIt(lm, 1, InvertConfig(batch_size=0))
+    assert speculate_tokens_for(InvertConfig(), torch.device("cpu")) == 32  # speculation rows likewise
+    assert speculate_tokens_for(InvertConfig(), torch.device("cuda")) == 512
+    assert SipIt(lm, 1, InvertConfig(speculate_tokens=5)).config.speculate_tokens == 5
+    with pytest.raises(InversionError, match="at least 1"):
+        SipIt(lm, 1, InvertConfig(speculate_tokens=0))
 
 
 def test_bad_input_raises_clear_errors(lm):

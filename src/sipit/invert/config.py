@@ -42,6 +42,9 @@ class InvertConfig:
     # pass. They change speed, not results: repr=False keeps them out of result keys (invert/cli.py)
     batch_prompts: int = field(default=32, repr=False)
     pass_tokens: int = field(default=1024, repr=False)
+    speculate_tokens: int | None = field(default=None, repr=False)  # guessed tokens a speculation or
+    #                                lookahead row carries at first, doubling while right (SipIt._guess); None:
+    #                                the device's (speculate_tokens_for)
     seed: int = 0  # random policy
     gradient: GradientConfig = field(default_factory=GradientConfig)
     calibration_tokens: int = 49_152  # learned policy: text + random-id tokens to fit on (one-time)
@@ -53,15 +56,29 @@ class InvertConfig:
 # 123 ms); a GPU runs thousands of one-token rows in about the time of a few, so a weak ranker's long
 # search takes fewer, wider passes there.
 DEFAULT_BATCH = {"cpu": 256, "cuda": 4096}
+# For the same reason a long speculation row costs a CPU more than a few short ones (SmolLM2, 200-token
+# prompts: docs/results/invert/speculate_tokens.py); on a GPU rows of a few hundred tokens cost about
+# what short ones do, so there only long prompts' rows are capped (not yet measured on a GPU).
+DEFAULT_SPECULATE = {"cpu": 32, "cuda": 512}
+
+
+def _for_device(config, name: str, defaults: dict, device, what: str) -> int:
+    """config.<name>, or where it is None (or absent) defaults[device.type] (a torch.device; the CPU's
+    for other devices). Raises InversionError below 1."""
+    value = getattr(config, name, None)
+    if value is not None and value < 1:
+        raise InversionError(f"{what} must be at least 1, got {value}")
+    return value if value is not None else defaults.get(device.type, defaults["cpu"])
 
 
 def batch_size_for(config, device) -> int:
-    """config.batch_size, or where it is None (or absent) the default for `device` (a torch.device).
-    Raises InversionError below 1."""
-    size = getattr(config, "batch_size", None)
-    if size is not None and size < 1:
-        raise InversionError(f"batch size (candidates per pass) must be at least 1, got {size}")
-    return size if size is not None else DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
+    """Candidates per search pass: config.batch_size or the device's default."""
+    return _for_device(config, "batch_size", DEFAULT_BATCH, device, "batch size (candidates per pass)")
+
+
+def speculate_tokens_for(config, device) -> int:
+    """Guesses a speculation row carries at first: config.speculate_tokens or the device's default."""
+    return _for_device(config, "speculate_tokens", DEFAULT_SPECULATE, device, "speculate_tokens")
 
 
 def certify_top(certify: str, vocab_size: int) -> int:

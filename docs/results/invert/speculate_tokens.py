@@ -1,0 +1,49 @@
+"""How many guessed tokens a speculation or lookahead row should carry (InvertConfig.speculate_tokens): a wrong
+guess at t wastes the tokens computed after it, and each one costs the pass that re-verifies the rest (a row
+wholly right doubles the next: SipIt._guess). The
+bench prompts of a seed at a length, inverted one at a time with each cap in turn (alternating, one process),
+every inversion exact; per cap the median ratio to the prompt's forward, tokens pushed and passes a prompt.
+    python speculate_tokens.py LAYER SEED LENGTH CAPS [PER_SOURCE] [REPEATS]     e.g. 15 5 200 0,32 2 2
+(cap 0: none, every guess carried)"""
+import statistics
+import sys
+import time
+
+import torch
+
+from common import SOURCES, smollm2
+from sipit.bench.invert import _forward_seconds, prompts
+from sipit.invert import InvertConfig, SipIt
+from sipit.invert.eps import tolerance_for
+from sipit.invert.learned.config import calibration_config
+from sipit.models import LayerTap
+
+layer, seed, length = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+caps = sys.argv[4].split(",")
+per_source = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+repeats = int(sys.argv[6]) if len(sys.argv) > 6 else 2
+lm = smollm2()
+tap = LayerTap(lm, layer)
+data = prompts(lm, SOURCES, per_source, length, seed)
+ids = torch.tensor([p for _, p in data])
+states = tap.states(ids)
+engine = SipIt(lm, layer, InvertConfig(learned=calibration_config("full")), eps=tolerance_for(tap, {states.dtype}).eps)
+engine.invert_prompt(states[0])  # warm-up
+ratios = {c: [] for c in caps}
+tokens = {c: [] for c in caps}
+calls = {c: [] for c in caps}
+for _ in range(repeats):
+    for i in range(len(data)):
+        fwd = _forward_seconds(tap, ids[i])
+        for c in caps:
+            engine.config.speculate_tokens = int(c) or 10**9
+            t = time.perf_counter()
+            r = engine.invert_prompt(states[i], ids[i].tolist())
+            assert r.exact and r.status == "ok", (c, i, r.status)
+            ratios[c].append((time.perf_counter() - t) / fwd)
+            tokens[c].append(r.forward_tokens)
+            calls[c].append(r.tap_calls)
+for c in caps:
+    print(f"layer {layer} seed {seed} length {length} cap {c}: median ratio {statistics.median(ratios[c]):.2f} "
+          f"(mean {statistics.mean(ratios[c]):.2f}), tokens {statistics.mean(tokens[c]):.0f}, "
+          f"passes {statistics.mean(calls[c]):.1f} a prompt", flush=True)
