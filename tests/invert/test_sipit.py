@@ -181,11 +181,12 @@ class SecondGuesses(TwoGuesses):
     true_second = True
 
 
+@pytest.mark.parametrize("cap", [None, 3])
 @pytest.mark.parametrize("policy", ["learned", "exhaustive", WrongGuesses, TwoGuesses, SecondGuesses])
-def test_lock_step_batch_gives_what_each_prompt_gets_alone(lm, policy):
+def test_lock_step_batch_gives_what_each_prompt_gets_alone(lm, policy, cap):
     """Prompts of different lengths and kinds (speculated, searched after planted misses, exhaustive
     searches) inverted together: the same ids and statuses as one at a time, in fewer forward passes
-    than the prompts take alone. In a batch a miss's lookahead sends only its best candidate with the
+    than the prompts take alone; also with speculation rows capped at 3 guesses. In a batch a miss's lookahead sends only its best candidate with the
     guessed continuation (the others alone, in a pass of short rows), so where that candidate is right
     the positions and passes are the same as alone for fewer tokens."""
     texts = TEXT + ["Hello, world! How are you?"]
@@ -194,7 +195,7 @@ def test_lock_step_batch_gives_what_each_prompt_gets_alone(lm, policy):
     prompts = [states[0], states[1, :7], states[2, :10],
                LayerTap(lm, 2).states(torch.randint(0, lm.vocab_size, (9,), generator=g))]
     WrongGuesses.truth = ids[0]
-    engine = SipIt(lm, 2, InvertConfig(policy=policy, batch_size=64, **FAST), eps=1e-4)
+    engine = SipIt(lm, 2, InvertConfig(policy=policy, batch_size=64, speculate_tokens=cap, **FAST), eps=1e-4)
     if policy in (WrongGuesses, TwoGuesses, SecondGuesses):  # planted guesses fit the first prompt only
         prompts = [prompts[0]] * 3
     calls = []

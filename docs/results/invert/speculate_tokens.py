@@ -3,8 +3,9 @@ guess at t wastes the tokens computed after it, and each one costs the pass that
 wholly right doubles the next: SipIt._guess). The
 bench prompts of a seed at a length, inverted one at a time with each cap in turn (alternating, one process),
 every inversion exact; per cap the median ratio to the prompt's forward, tokens pushed and passes a prompt.
-    python speculate_tokens.py LAYER SEED LENGTH CAPS [PER_SOURCE] [REPEATS]     e.g. 15 5 200 0,32 2 2
-(cap 0: none, every guess carried)"""
+    python speculate_tokens.py LAYER SEED LENGTH CAPS [PER_SOURCE] [REPEATS] [B]    e.g. 15 5 200 0,32 2 2
+(cap 0: none, every guess carried). With B > 1 the prompts go in lock-step batches of B (bench order, the
+sources interleaved) and the ratio is to the batch's batched forward."""
 import statistics
 import sys
 import time
@@ -12,7 +13,7 @@ import time
 import torch
 
 from common import SOURCES, smollm2
-from sipit.bench.invert import _forward_seconds, prompts
+from sipit.bench.invert import _forward_seconds, interleaved, prompts
 from sipit.invert import InvertConfig, SipIt
 from sipit.invert.eps import tolerance_for
 from sipit.invert.learned.config import calibration_config
@@ -32,18 +33,21 @@ engine.invert_prompt(states[0])  # warm-up
 ratios = {c: [] for c in caps}
 tokens = {c: [] for c in caps}
 calls = {c: [] for c in caps}
+B = int(sys.argv[7]) if len(sys.argv) > 7 else 1
+order = interleaved(data)
+groups = [order[i:i + B] for i in range(0, len(order), B)]
 for _ in range(repeats):
-    for i in range(len(data)):
-        fwd = _forward_seconds(tap, ids[i])
+    for g in groups:
+        fwd = _forward_seconds(tap, ids[g])
         for c in caps:
             engine.config.speculate_tokens = int(c) or 10**9
             t = time.perf_counter()
-            r = engine.invert_prompt(states[i], ids[i].tolist())
-            assert r.exact and r.status == "ok", (c, i, r.status)
+            rs = engine.invert_prompts([states[i] for i in g], [ids[i].tolist() for i in g])
+            assert all(r.exact and r.status == "ok" for r in rs), c
             ratios[c].append((time.perf_counter() - t) / fwd)
-            tokens[c].append(r.forward_tokens)
-            calls[c].append(r.tap_calls)
+            tokens[c].append(sum(r.forward_tokens for r in rs) / len(g))
+            calls[c].append(max(r.tap_calls for r in rs))
 for c in caps:
     print(f"layer {layer} seed {seed} length {length} cap {c}: median ratio {statistics.median(ratios[c]):.2f} "
           f"(mean {statistics.mean(ratios[c]):.2f}), tokens {statistics.mean(tokens[c]):.0f}, "
-          f"passes {statistics.mean(calls[c]):.1f} a prompt", flush=True)
+          f"passes {statistics.mean(calls[c]):.1f} a prompt (in a batch: its most)", flush=True)
