@@ -186,9 +186,10 @@ class SecondGuesses(TwoGuesses):
 def test_lock_step_batch_gives_what_each_prompt_gets_alone(lm, policy, cap):
     """Prompts of different lengths and kinds (speculated, searched after planted misses, exhaustive
     searches) inverted together: the same ids and statuses as one at a time, in fewer forward passes
-    than the prompts take alone; also with speculation rows capped at 3 guesses. In a batch a miss's lookahead sends only its best candidate with the
-    guessed continuation (the others alone, in a pass of short rows), so where that candidate is right
-    the positions and passes are the same as alone for fewer tokens."""
+    than the prompts take alone, also with speculation rows capped at 3 guesses. In a batch a miss's
+    lookahead sends only its best candidate with the guessed continuation (the others alone, in a pass
+    of short rows), so where that candidate is right the positions and passes are the same as alone
+    for fewer tokens."""
     texts = TEXT + ["Hello, world! How are you?"]
     ids, states = capture(lm, texts, 2)
     g = torch.Generator().manual_seed(3)

@@ -1,8 +1,8 @@
 """How many guessed tokens a speculation or lookahead row should carry (InvertConfig.speculate_tokens): a wrong
 guess at t wastes the tokens computed after it, and each one costs the pass that re-verifies the rest (a row
-wholly right doubles the next: SipIt._guess). The
-bench prompts of a seed at a length, inverted one at a time with each cap in turn (alternating, one process),
-every inversion exact; per cap the median ratio to the prompt's forward, tokens pushed and passes a prompt.
+wholly right doubles the next: SipIt._guess). The bench prompts of a seed at a length, inverted with each cap
+in turn (alternating, one process), every inversion exact; per cap the median ratio to the forward, tokens
+pushed and passes a prompt.
     python speculate_tokens.py LAYER SEED LENGTH CAPS [PER_SOURCE] [REPEATS] [B]    e.g. 15 5 200 0,32 2 2
 (cap 0: none, every guess carried). With B > 1 the prompts go in lock-step batches of B (bench order, the
 sources interleaved) and the ratio is to the batch's batched forward."""
@@ -23,6 +23,7 @@ layer, seed, length = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 caps = sys.argv[4].split(",")
 per_source = int(sys.argv[5]) if len(sys.argv) > 5 else 2
 repeats = int(sys.argv[6]) if len(sys.argv) > 6 else 2
+B = int(sys.argv[7]) if len(sys.argv) > 7 else 1
 lm = smollm2()
 tap = LayerTap(lm, layer)
 data = prompts(lm, SOURCES, per_source, length, seed)
@@ -33,7 +34,6 @@ engine.invert_prompt(states[0])  # warm-up
 ratios = {c: [] for c in caps}
 tokens = {c: [] for c in caps}
 calls = {c: [] for c in caps}
-B = int(sys.argv[7]) if len(sys.argv) > 7 else 1
 order = interleaved(data)
 groups = [order[i:i + B] for i in range(0, len(order), B)]
 for _ in range(repeats):

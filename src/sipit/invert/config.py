@@ -33,7 +33,7 @@ class InvertConfig:
     certify: str = "none"  # "none" | "top:K" | "full": alternatives evaluated at every position after recovery
     batch_size: int | None = None  # candidates per forward pass when searching a position; None: the
     #                                device's (batch_size_for)
-    speculate: bool = True  # verify a policy's whole-sequence guesses in one pass, if it makes any
+    speculate: bool = True  # verify the policy's guesses of the positions ahead, a row a pass, if it makes any
     lookahead_tokens: int = 32  # first search batch: candidates × (1 + guessed continuation) tokens
     first_batch: int = 16  # then candidate batches of 16, 64, 256, ... up to batch_size
     max_candidates: int | None = None  # per position; None: the whole vocabulary before failing
