@@ -5,31 +5,33 @@ in turn (alternating, one process), every inversion exact; per cap the median ra
 pushed and passes a prompt.
     python speculate_tokens.py LAYER SEED LENGTH CAPS [PER_SOURCE] [REPEATS] [B]    e.g. 15 5 200 0,32 2 2
 (cap 0: none, every guess carried). With B > 1 the prompts go in lock-step batches of B (bench order, the
-sources interleaved) and the ratio is to the batch's batched forward."""
+sources interleaved) and the ratio is to the batch's batched forward. Another model: MODEL=gemma3-270m CAL=fast
+(default smollm2, full calibration)."""
+import os
 import statistics
 import sys
 import time
 
 import torch
 
-from common import SOURCES, smollm2
+from common import SOURCES
 from sipit.bench.invert import _forward_seconds, interleaved, prompts
 from sipit.invert import InvertConfig, SipIt
 from sipit.invert.eps import tolerance_for
 from sipit.invert.learned.config import calibration_config
-from sipit.models import LayerTap
+from sipit.models import LayerTap, load_model
 
 layer, seed, length = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 caps = sys.argv[4].split(",")
 per_source = int(sys.argv[5]) if len(sys.argv) > 5 else 2
 repeats = int(sys.argv[6]) if len(sys.argv) > 6 else 2
 B = int(sys.argv[7]) if len(sys.argv) > 7 else 1
-lm = smollm2()
+lm = load_model(os.environ.get("MODEL", "smollm2"))
 tap = LayerTap(lm, layer)
 data = prompts(lm, SOURCES, per_source, length, seed)
 ids = torch.tensor([p for _, p in data])
 states = tap.states(ids)
-engine = SipIt(lm, layer, InvertConfig(learned=calibration_config("full")), eps=tolerance_for(tap, {states.dtype}).eps)
+engine = SipIt(lm, layer, InvertConfig(learned=calibration_config(os.environ.get("CAL", "full"))), eps=tolerance_for(tap, {states.dtype}).eps)
 engine.invert_prompt(states[0])  # warm-up
 ratios = {c: [] for c in caps}
 tokens = {c: [] for c in caps}
