@@ -122,6 +122,16 @@ def test_speculation_rows_are_capped_and_double_while_right(lm):
     assert wrong.exact and wrong.forward_tokens < inverted(WrongGuesses, 10**6).forward_tokens
 
 
+def test_an_engine_whose_guesses_were_right_sends_the_whole_prompt_in_one_row(lm):
+    """Rows stay capped until the engine's own history says its guesses are reliable (SipIt._reliable):
+    then a prompt's first row carries every guess."""
+    ids, states = capture(lm, TEXT[:1], 2)
+    RightGuesses.truth = ids[0]
+    engine = SipIt(lm, 2, InvertConfig(policy=RightGuesses, batch_size=64, speculate_tokens=2), eps=1e-4)
+    calls = [engine.invert_prompt(states[0], ids[0].tolist()).tap_calls for _ in range(3)]
+    assert calls[0] == calls[1] > 1 and calls[2] == 1
+
+
 class RevisedGuesses(WrongGuesses):
     """Guesses 2 and 4 wrong; revise (what the loop tells it after a wrong guess) records its call and
     fixes every later guess, as a perfect re-ranker would."""
@@ -207,7 +217,10 @@ def test_lock_step_batch_gives_what_each_prompt_gets_alone(lm, policy, cap):
     wall = time.perf_counter() - t0
     rounds = len(calls)  # one extend_many call per lock-step round
     assert all(r.seconds > 0 for r in together) and sum(r.seconds for r in together) <= wall  # each its own share
-    alone = [engine.invert_prompt(p) for p in prompts]
+    alone = []
+    for p in prompts:  # each from the history the batch began with (SipIt._reliable sizes first rows by it)
+        engine.guessed = engine.wrong = 0
+        alone.append(engine.invert_prompt(p))
     for a, b in zip(together, alone):
         assert a.status == b.status == "ok" and a.ids == b.ids
         if policy is not SecondGuesses:  # the lookahead's best candidate is right (or there is none)

@@ -4,7 +4,8 @@ wholly right doubles the next: SipIt._guess). The bench prompts of a seed at a l
 in turn (alternating, one process), every inversion exact; per cap the median ratio to the forward, tokens
 pushed and passes a prompt.
     python speculate_tokens.py LAYER SEED LENGTH CAPS [PER_SOURCE] [REPEATS] [B]    e.g. 15 5 200 0,32 2 2
-(cap 0: none, every guess carried). With B > 1 the prompts go in lock-step batches of B (bench order, the
+(cap 0: none, every guess carried; a cap ending in n, e.g. 32n: every prompt's first row capped, whatever the
+engine's history says: SipIt._reliable). With B > 1 the prompts go in lock-step batches of B (bench order, the
 sources interleaved) and the ratio is to the batch's batched forward. Another model: MODEL=gemma3-270m CAL=fast
 (default smollm2, full calibration)."""
 import os
@@ -33,6 +34,7 @@ ids = torch.tensor([p for _, p in data])
 states = tap.states(ids)
 engine = SipIt(lm, layer, InvertConfig(learned=calibration_config(os.environ.get("CAL", "full"))), eps=tolerance_for(tap, {states.dtype}).eps)
 engine.invert_prompt(states[0])  # warm-up
+reliable = engine._reliable
 ratios = {c: [] for c in caps}
 tokens = {c: [] for c in caps}
 calls = {c: [] for c in caps}
@@ -42,7 +44,8 @@ for _ in range(repeats):
     for g in groups:
         fwd = _forward_seconds(tap, ids[g])
         for c in caps:
-            engine.config.speculate_tokens = int(c) or 10**9
+            engine.config.speculate_tokens = int(c.rstrip("n")) or 10**9
+            engine._reliable = (lambda T: False) if c.endswith("n") else reliable
             t = time.perf_counter()
             rs = engine.invert_prompts([states[i] for i in g], [ids[i].tolist() for i in g])
             assert all(r.exact and r.status == "ok" for r in rs), c

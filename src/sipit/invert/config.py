@@ -43,8 +43,8 @@ class InvertConfig:
     batch_prompts: int = field(default=32, repr=False)
     pass_tokens: int = field(default=1024, repr=False)
     speculate_tokens: int | None = field(default=None, repr=False)  # guessed tokens a speculation or
-    #                                lookahead row carries at first, doubling while right (SipIt._guess); None:
-    #                                the device's (speculate_tokens_for)
+    #                                lookahead row carries at first, doubling while right, uncapped where guesses
+    #                                have been reliable (SipIt._guess); None: the device's (speculate_tokens_for)
     seed: int = 0  # random policy
     gradient: GradientConfig = field(default_factory=GradientConfig)
     calibration_tokens: int = 49_152  # learned policy: text + random-id tokens to fit on (one-time)

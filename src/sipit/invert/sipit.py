@@ -11,8 +11,9 @@ Two things make it fast:
   continuation on the verified prefix verifies every position before the first mismatch; its states
   after the mismatch (computed with one wrong token in their context) go back to the policy, which
   may revise its guesses there (Policy.revise) before the next pass. A row carries at most
-  `speculate_tokens` guesses, twice as many after a row wholly right (_guess): the tokens after a
-  mismatch are wasted, and on a long prompt an uncapped row re-verifies the whole tail each time.
+  `speculate_tokens` guesses, twice as many after a row wholly right, all of them where the engine's
+  guesses have been reliable (_guess): the tokens after a mismatch are wasted, and on a long prompt an
+  uncapped row re-verifies the whole tail each time.
 - **search with lookahead**: at a mismatch the policy's best few candidates are evaluated each
   followed by the guessed continuation, so the pass that fixes position t also verifies what
   follows. Later batches (candidates only) follow the policy's ranking and then, if it runs out,
@@ -68,7 +69,7 @@ class _Run:
     resumed: float = 0.0  # perf_counter() when it was
     cost: dict = field(default_factory=lambda: dict(forward_tokens=0, backward_tokens=0, tap_calls=0, pass_seconds=0.0))
     evaluated: dict = field(default_factory=dict)  # t -> {candidate id: relative distance}
-    chunk: int = 1  # speculation rows carry up to chunk × config.speculate_tokens guesses (_guess)
+    row: int = 0  # guesses the next speculation row carries at most (_guess); set by _steps
 
     def elapsed(self) -> float:
         return self.seconds + time.perf_counter() - self.resumed
@@ -116,6 +117,7 @@ class SipIt:
         self.certifier = Certifier(self.tap, self.eps, self.config.certify, self.config.batch_size)
         self.policy = make_policy(self.config.policy, self.tap, self.config)
         self.name = self.policy.name
+        self.guessed = self.wrong = 0  # guesses speculation rows verified, over every prompt so far; wrong ones
         self.calibration_seconds = getattr(self.policy, "calibration_seconds", 0.0)
 
     def invert_prompt(self, target: Tensor, true_ids: list[int] | None = None) -> PromptResult:
@@ -190,6 +192,7 @@ class SipIt:
                                 true_ids)
         prefix = self.tap.prefill(torch.zeros(0, dtype=torch.long, device=self.lm.device))
         positions: list[Position] = []
+        run.row = T if self._reliable(T) else self.config.speculate_tokens
         checked: dict[int, float] = {}  # candidates already evaluated at position t -> distance
         why, no_match = "", False  # why the prompt failed, if it does; whether no token was within ε
         while prefix.length < T:
@@ -205,9 +208,9 @@ class SipIt:
                 if prefix.length == T:
                     break
                 if len(accepted) == len(guess):  # a capped row wholly right: the next may be twice as long
-                    checked, run.chunk = {}, 2 * run.chunk
+                    checked, run.row = {}, 2 * run.row
                     continue
-                run.chunk = 1
+                run.row = self.config.speculate_tokens
                 checked = {int(guess[len(accepted)]): miss}
             policy.prepare(prefix.length)
             yield from self._settle(run)  # (the revisions after a wrong guess, the search's first ranking)
@@ -233,20 +236,28 @@ class SipIt:
                     "storage, noise) and the accepted one may be wrong.")
         return self._finish(run, prefix.ids.tolist(), positions, why, true_ids)
 
+    def _reliable(self, T: int) -> bool:
+        """Whether this engine's guesses have been right often enough that a T-token prompt's first row
+        should carry every guess: fewer than one wrong guess expected in two such prompts (estimated with
+        one wrong and two guesses added, so an engine without history caps). SmolLM2 at layer 1 has none
+        wrong; at 15 about 1 in 25."""
+        return 2 * T * (self.wrong + 1) < self.guessed + 2
+
     def _guess(self, run: _Run, policy, t: int, prefix):
-        """The policy's guessed ids for positions t.. [≤ run.chunk × speculate_tokens], or None (no guesses,
-        or speculation off).
+        """The policy's guessed ids for positions t.. [≤ run.row], or None (no guesses, or speculation off).
 
         A wrong guess wastes the tokens a row computed after it, and the next row carries the rest again:
         uncapped, a long prompt's passes re-verify its tail at every wrong guess. Capped rows cost more
-        passes where guesses are right, so a row wholly right doubles the next (SmolLM2 on a CPU, 200-token
-        bench prompts of fresh seeds, median ratio to the forward, uncapped → 32: ℓ = 15 5.35 / 5.92 → 4.50 /
-        4.96, ℓ = 30 42.1 → 27.8; ℓ = 1, where no guess is wrong, 2.70 → 3.09; 32 and the doubling chosen on
-        seed 5: docs/results/invert/speculate_tokens.py)."""
+        passes where guesses are right, so a row wholly right doubles the next, and a prompt's first row
+        carries every guess where the engine's guesses have been reliable (_reliable). SmolLM2 on a CPU,
+        200-token bench prompts of fresh seeds, median ratio to the forward, uncapped → capped: ℓ = 15 5.35 /
+        5.92 / 6.00 → 4.50 / 4.96 / 4.30, ℓ = 30 42.1 → 27.8; ℓ = 1, where no guess is wrong, 2.65 → 2.99
+        with every first row capped, 2.60 with _reliable (32 and the doubling chosen on seed 5:
+        docs/results/invert/speculate_tokens.py)."""
         if not self.config.speculate:
             return None
         guess = policy.guesses(t, prefix.ids)
-        return guess if guess is None else guess[:self.config.speculate_tokens * run.chunk]
+        return guess if guess is None else guess[:run.row]
 
     def _finish(self, run: _Run, ids, positions, message, true_ids) -> PromptResult:
         status, message = judge(positions, self.eps, message)
@@ -278,6 +289,7 @@ class SipIt:
         (h, grown), = yield from self._extend(run, prefix, guess[None])
         d = rel_distance(h[0], run.target[t:t + len(guess)]).cpu()
         n = int((d <= self.eps).long().cumprod(0).sum())
+        self.guessed, self.wrong = self.guessed + min(n + 1, len(d)), self.wrong + (n < len(d))
         if n < len(d):  # the first wrong guess was computed on a verified prefix: tell the policy
             run.policy.observe(t + n, guess[n:n + 1], h[0, n:n + 1])
             run.policy.revise(t + n + 1, guess[n + 1:], h[0, n + 1:])  # the rest came after a wrong token
