@@ -130,7 +130,8 @@ class SipIt:
         Each prompt runs its own loop (`_steps`) up to its next forward pass; one `tap.extend_many`
         then serves every prompt's pass together, so B prompts cost about as many passes as the
         slowest one alone, each pass B times wider. Each prompt gets the ids and status it gets alone,
-        for as many or fewer tokens (the lookahead, _search); its seconds (and `max_seconds`) are its own
+        for as many or fewer tokens from the same engine history (the lookahead, _search; first rows,
+        _reliable); its seconds (and `max_seconds`) are its own
         share of the batch (_Run)."""
         true_ids = true_ids if true_ids is not None else [None] * len(targets)
         runs = [_Run(target.to(self.lm.dtype).to(self.lm.device), None, self.config.max_seconds, len(targets) > 1)
