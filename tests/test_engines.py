@@ -1,5 +1,6 @@
 """The local and Ray engines give identical results; a worker killed mid-run loses and duplicates nothing."""
 import json
+import math
 import os
 import signal
 import sys
@@ -24,6 +25,18 @@ def stable(result: dict) -> dict:
     if isinstance(result, dict):
         return {k: stable(v) for k, v in result.items() if "seconds" not in k and k not in ("load", "threads")}
     return [stable(v) for v in result] if isinstance(result, list) else result
+
+
+def same(a, b) -> bool:
+    """Equal, floats to float32 recomputation noise: a chunk's prompts share other passes than the whole
+    file's (lock-step, passes padded or flat by their cost), so a verified distance of ~1e-7 may read 8e-8."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 class KillOnce:
@@ -244,7 +257,7 @@ def local_files(states_dir, tmp_path_factory):
 
 def test_cli_invert_many_files_ray_equals_local(states_dir, local_files, tmp_path, ray_engine, capsys, monkeypatch):
     code, rows = invert_dir(states_dir, tmp_path, "--engine", "ray")
-    assert code == 0 and rows == local_files
+    assert code == 0 and same(rows, local_files)
     assert len(list(tmp_path.glob("c.results.parts/chunk_*.pkl"))) == 2
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 4 and printed[-1].startswith("3 files (0 done before): 14/14 prompts recovered (0 failed)")
@@ -252,7 +265,7 @@ def test_cli_invert_many_files_ray_equals_local(states_dir, local_files, tmp_pat
     (tmp_path / "c.results.jsonl").unlink()
     monkeypatch.setattr(engines, "make_engine", lambda *a: _NoTasksRay())
     code, again = invert_dir(states_dir, tmp_path, "--engine", "ray")
-    assert code == 0 and again == local_files
+    assert code == 0 and same(again, local_files)
     assert capsys.readouterr().out.count("(done before, skipped)") == 2
 
 
@@ -267,7 +280,7 @@ def test_many_files_worker_killed_mid_run(states_dir, local_files, tmp_path, ray
     monkeypatch.setattr(engines, "make_engine", lambda *a: KillingRay(marker))
     code, rows = invert_dir(states_dir, tmp_path / "out", "--engine", "ray")
     assert marker.exists()  # a worker really died
-    assert code == 0 and rows == local_files
+    assert code == 0 and same(rows, local_files)
     chunks = [p for p in written if p.suffix == ".pkl"]
     assert len(chunks) == len(set(chunks)) == 4  # every chunk written once: none lost, none twice
     assert sorted(p.name for p in (tmp_path / "out").glob("*.parts/*")) == ["chunk_00000.pkl"] * 3 + \

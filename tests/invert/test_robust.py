@@ -40,7 +40,8 @@ def test_candidate_subset_is_an_upper_bound(tiny_lm):
     assert not sub.exhaustive
     p = sub.prompts[0]
     assert p.candidates_per_position <= 17 and p.exact == [1.0]
-    assert all(a >= b - 1e-9 for a, b in zip(p.delta, full.delta))
+    # (the full run's wide batches may go flat and the subset's padded: float32 rounding apart, ~1e-6)
+    assert all(a >= b * (1 - 1e-5) for a, b in zip(p.delta, full.delta))
 
 
 def test_cli_robustness_and_noisy_invert(tmp_path, capsys):

@@ -17,7 +17,7 @@ def test_extend_many_equals_each_extend_alone(tiny_lm, which, attention):
     """Prefixes of different lengths (empty included), rows of 1 and of several tokens, several requests
     per pass: every state equals its own extend, and each grown prefix continues like a fresh forward."""
     tap = taps(tiny_lm)[which]
-    tap._attention = attention
+    tap._costs = (attention, 0.0)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, tiny_lm.vocab_size, (3, 12), generator=g)
     shapes = [(0, 5, 4, 1), (1, 0, 1, 7), (2, 9, 2, 3), (1, 2, 3, 1), (2, 3, 1, 4), (0, 5, 2, 6)]
@@ -25,7 +25,7 @@ def test_extend_many_equals_each_extend_alone(tiny_lm, which, attention):
                 for p, t, n, k in shapes]
     for max_tokens in (1024, 8):  # one pass per kind of row, or many small passes
         for (prefix, rows), (h, grown) in zip(requests, tap.extend_many(requests, max_tokens)):
-            alone = tap.extend(prefix, rows)
+            alone = tap.extend(prefix, rows, layout="padded")
             assert h.shape == alone.shape
             assert torch.allclose(h, alone, rtol=1e-5, atol=1e-5 * float(alone.abs().max()))
             b, n = rows.shape[0] - 1, rows.shape[1]
@@ -49,6 +49,38 @@ def test_pack_chooses_passes_and_layouts_by_cost():
     assert pack(shapes, 1024, 4e-4, flat=False) == [([0], False), (list(range(1, 31)), False)]
     assert pack([(0, 1, 10)] * 4, 20, 0.0) == [([0, 1], False), ([2, 3], False)]
     assert pack([(0, 5, 10), (0, 1, 3)], 20, 0.0) == [([0], False), ([1], False)]
+
+
+def test_pack_puts_one_prompts_candidates_after_a_long_prefix_flat():
+    """Padded, each of a request's rows copies its prefix's cache; flat, the prefix is there once: many
+    rows after a long prefix go flat, a single row or an empty prefix stays padded (nothing to save)."""
+    from sipit.models.tap import pack
+
+    attention, copy = 4e-4, 0.011  # SmolLM2's
+    assert pack([(200, 256, 1)], 1024, attention, copy) == [([0], True)]
+    assert pack([(200, 1, 32)], 1024, attention, copy) == [([0], False)]
+    assert pack([(0, 256, 1)], 1024, attention, copy) == [([0], False)]
+    assert pack([(200, 256, 1)], 1024, attention, 0.0) == [([0], False)]  # copies free: padded, as before
+    assert pack([(200, 256, 1)], 1024, attention, copy, flat=False) == [([0], False)]
+
+
+@pytest.mark.parametrize("which", range(5))
+def test_extend_flat_equals_padded(tiny_lm, which):
+    """tap.extend's two layouts give the same states and grown prefixes, whichever it picks by cost."""
+    tap = taps(tiny_lm)[which]
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, tiny_lm.vocab_size, (40,), generator=g)
+    prefix = tap.prefill(ids[:30])
+    rows = torch.randint(0, tiny_lm.vocab_size, (24, 3), generator=g)
+    padded, grown_padded = tap.extend(prefix, rows, keep=True, layout="padded")
+    for layout in ("flat", None):
+        h, grown = tap.extend(prefix, rows, keep=True, layout=layout)
+        assert torch.allclose(h, padded, rtol=1e-5, atol=1e-5 * float(padded.abs().max()))
+        nxt = torch.randint(0, tiny_lm.vocab_size, (2, 2), generator=g)
+        a, b = tap.extend(grown(5, 2), nxt), tap.extend(grown_padded(5, 2), nxt)
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+    one = tap.extend(prefix, rows[:, 0], layout="flat")  # [B] ids -> [B, d]
+    assert torch.allclose(one, padded[:, 0], rtol=1e-5, atol=1e-5 * float(padded.abs().max()))
 
 
 def test_extend_many_with_a_sliding_window(tiny_gemma3):

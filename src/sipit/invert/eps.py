@@ -1,8 +1,8 @@
 """ε measured, not assumed: the recomputation noise of a tap, per position, and the ε it implies.
 
 The loop recomputes states along other paths than the one that produced the observation: a KV
-cache and a speculative multi-token pass instead of one full forward, candidate batches instead of
-a single sequence, and the observation itself may come from a batched forward. On a few seeded
+cache and a speculative multi-token pass instead of one full forward, candidate batches (padded or
+flat: models/tap.py) instead of a single sequence, and the observation itself may come from a batched forward. On a few seeded
 random-id calibration prompts, every path is compared with one single full forward *per position*
 (one norm over a whole [T, d] tensor would be dominated by position 0's massive activation):
 
@@ -29,7 +29,7 @@ from ..io import write_json
 from ..models.load import cache_dir
 from .verify import UNIT_ROUNDOFF, rel_distance, tolerance
 
-VERSION = 3  # of the cached noise profile (3: keyed by the blocks the tap reads)
+VERSION = 4  # of the cached noise profile (3: keyed by the blocks the tap reads; 4: flat candidate passes)
 FACTOR = 50.0  # ε = FACTOR × the largest measured noise: headroom for paths and prompts not measured
 #                (SmolLM2 layer 30: position 1 after " proof" showed 3.3e-5 where the calibration measured 4.3e-6)
 HALF_FACTOR = 4.0  # the same for bf16/fp16 models, whose rounding dominates every path alike: random:llama-3.1-8b
@@ -87,8 +87,9 @@ def measure_noise(tap, batch_size: int = 256) -> list[float]:
                 cand = torch.randint(lm.vocab_size, (size,), generator=g).to(lm.device)
                 j = int(torch.randint(size, (1,), generator=g))
                 cand[j] = ids[i, t]
-                h = tap.extend(prefix, cand)  # [B, d]
-                noise[t] = max(float(noise[t]), float(rel_distance(h[j], ref[t])))
+                for layout in ("padded", "flat"):  # (tap.extend chooses by cost, by prefix length and rows)
+                    h = tap.extend(prefix, cand, layout=layout)  # [B, d]
+                    noise[t] = max(float(noise[t]), float(rel_distance(h[j], ref[t])))
     # position 1 on a cached position 0 depends strongly on the token there (SmolLM2 layer 30: 3e-5
     # after "The" vs 3e-6 after random ids): measure it after many common first tokens
     text = torch.tensor(lm.encode(SINK_TEXT)) if lm.tokenizer is not None else \

@@ -175,9 +175,9 @@ class LayerTap:
         self.final_norm = final_norm
 
     @cached_property
-    def _attention(self) -> float:
-        """attention_cost(lm), for extend_many's pack."""
-        return attention_cost(self.lm)
+    def _costs(self) -> tuple[float, float]:
+        """pass_costs(lm): (a query-key pair's, a copied cached position's) cost in tokens, for pack."""
+        return pass_costs(self.lm)
 
     def rows_that_fit(self, length: int, cap: int) -> int:
         """How many rows of `length` positions (the prefix's and one new token) a pass can hold in half
@@ -192,9 +192,7 @@ class LayerTap:
         """(bytes a row needs per position: keys and values in every block read, float32 attention
         scores; bytes it needs anyway: the MLP's widest activations)"""
         text = self.lm.model.config.get_text_config()
-        heads = text.num_attention_heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-        kv_heads = getattr(text, "num_key_value_heads", None) or heads
+        heads, kv_heads, head_dim = attention_shape(self.lm)
         wide = getattr(text, "intermediate_size", None) or 4 * text.hidden_size
         size = self.lm.dtype.itemsize
         return self.blocks_read * 2 * kv_heads * head_dim * size + 4 * heads, 4 * wide * size
@@ -266,15 +264,25 @@ class LayerTap:
         return (states, cache) if keep else states
 
     @torch.no_grad()
-    def extend(self, prefix: Prefix, ids: Tensor, keep: bool = False):
+    def extend(self, prefix: Prefix, ids: Tensor, keep: bool = False, layout: str | None = None):
         """States of candidates appended to the prefix: ids [B] -> [B, d], or [B, k] -> [B, k, d].
 
         keep=True also returns `grown(b, n) -> Prefix`: the prefix followed by the first n tokens of
         row b, made from this call's cache (no recomputation; ids must be [B, k]).
+        layout: "padded" (a batch of B rows, each with its own copy of the prefix's cache), "flat"
+        (_extend_flat: one row holding the prefix once and every candidate's tokens), or None: whichever
+        `pack` estimates cheaper (SmolLM2 layer 15, 256 candidates after 200 / 1,000 tokens: padded
+        493 / 1,826 ms, flat 175 / 222 ms; docs/results/invert/flat_passes.py).
         """
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.lm.device)
         if ids.dim() == 1 and not keep:
-            return self.extend(prefix, ids[:, None])[:, 0]
+            return self.extend(prefix, ids[:, None], layout=layout)[:, 0]
+        if layout is None:
+            flat = not self._slides(prefix.length, ids.shape[1])
+            layout = "flat" if pack([(prefix.length, *ids.shape)], FLAT_KEYS, *self._costs, flat=flat)[0][1] else "padded"
+        if layout == "flat":
+            states, grown = self._extend_flat([(prefix, ids)])[0]
+            return (states, grown) if keep else states
         if not keep:
             return self._extend(prefix, ids.shape[1], ids.shape[0], ids=ids)
         states, cache = self._extend(prefix, ids.shape[1], ids.shape[0], keep=True, ids=ids)
@@ -296,19 +304,17 @@ class LayerTap:
         sliding window (Gemma-3, Mistral) never go flat (a flat pass's mask has no window) and share
         padded passes only with those of their prefix length (padding would shift the window).
         -> per request (states [B_i, k_i, dim], grown(b, n) -> Prefix)."""
-        window = self._sliding_window()
         groups: dict = {}
         for i, (prefix, rows) in enumerate(requests):
-            slides = window is not None and prefix.length + rows.shape[1] >= window - 1
-            groups.setdefault(prefix.length if slides else None, []).append(i)
+            groups.setdefault(prefix.length if self._slides(prefix.length, rows.shape[1]) else None, []).append(i)
         out: list = [None] * len(requests)
         for length, members in groups.items():
             members = sorted(members, key=lambda i: -requests[i][1].shape[1])
             shapes = [(requests[i][0].length, *requests[i][1].shape) for i in members]
-            for part, flat in pack(shapes, max_tokens, self._attention, flat=length is None):
+            for part, flat in pack(shapes, max_tokens, *self._costs, flat=length is None):
                 part = [members[j] for j in part]
                 if len(part) == 1:
-                    out[part[0]] = self.extend(*requests[part[0]], keep=True)
+                    out[part[0]] = self.extend(*requests[part[0]], keep=True, layout="flat" if flat else "padded")
                 else:
                     run = self._extend_flat if flat else self._extend_padded
                     for i, r in zip(part, run([requests[i] for i in part])):
@@ -361,9 +367,11 @@ class LayerTap:
             at += n * k
         return results
 
-    def _sliding_window(self) -> int | None:
-        """The attention window of the model's sliding layers, if it has any (None: no window)."""
-        return getattr(self.lm.model.config, "sliding_window", None) or None
+    def _slides(self, t: int, k: int) -> bool:
+        """Whether rows of k tokens after a t-token prefix reach the attention window of the model's
+        sliding layers (Gemma-3, Mistral): a flat pass's mask has no window, so such rows are padded."""
+        window = getattr(self.lm.model.config, "sliding_window", None)
+        return bool(window) and t + k >= window - 1
 
     def _extend_padded(self, requests: list[tuple[Prefix, Tensor]]) -> list[tuple[Tensor, object]]:
         """One forward pass for several requests (extend_many): caches padded to the longest prefix P
@@ -423,26 +431,43 @@ ATTENTION = 2.5  # what a (query, key) pair costs, in tokens × block parameters
 #                  layer 15, 32 requests of 288 tokens with 10 or 40 cached keys each, passed flat
 #                  (every token against every key): 46 and 179 ms more than padded, ~0.4 µs a pair
 FLAT_KEYS = 4096  # keys of a flat pass at most (its mask and attention scores are [N, keys])
+COPY = 100.0  # what one cached position copied into one row costs, in tokens × block parameters ÷ the keys' and
+#               values' width: a padded pass gives every row its own copy of its prefix's cache (the cache
+#               concatenates), a flat pass each prefix once. SmolLM2 layers 1 / 30, Gemma-3-270M layer 9, 32-128
+#               rows after 200-600 tokens: 89-144 (small passes at layer 1 less), SmolLM2 15 ~110
+#               (docs/results/invert/flat_passes.py)
 
 
-def attention_cost(lm) -> float:
-    """A (query, key) pair's cost in tokens for `pack`: ATTENTION × query width ÷ block parameters
-    (SmolLM2: 4e-4; a 1.5B model's wider blocks make it 8e-5)."""
+def attention_shape(lm) -> tuple[int, int, int]:
+    """(query heads, key-value heads, head width) of lm's attention."""
     text = lm.model.config.get_text_config()
-    width = text.num_attention_heads * (getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
-    return ATTENTION * width / sum(p.numel() for p in lm.blocks[0].parameters())
+    heads = text.num_attention_heads
+    return heads, getattr(text, "num_key_value_heads", None) or heads, \
+        getattr(text, "head_dim", None) or text.hidden_size // heads
 
 
-def pack(shapes: list[tuple[int, int, int]], max_tokens: int, attention: float,
+def pass_costs(lm) -> tuple[float, float]:
+    """`pack`'s costs in tokens: a (query, key) pair's, ATTENTION × query width ÷ block parameters (SmolLM2:
+    4e-4; a 1.5B model's wider blocks make it 8e-5), and a cached position copied into one row's, COPY ×
+    the keys' and values' width ÷ block parameters (SmolLM2: 0.011)."""
+    heads, kv_heads, head_dim = attention_shape(lm)
+    params = sum(p.numel() for p in lm.blocks[0].parameters())
+    return ATTENTION * heads * head_dim / params, COPY * 2 * kv_heads * head_dim / params
+
+
+def pack(shapes: list[tuple[int, int, int]], max_tokens: int, attention: float, copy: float = 0.0,
          flat: bool = True) -> list[tuple[list[int], bool]]:
     """Cut requests of (prefix length t_i, rows n_i, row length k_i), longest rows first, into consecutive
     passes, each padded (rows to the first k, caches to the longest prefix P: Σ n·k_first tokens, each
-    against P + k_first keys) or, where `flat`, flat (the N = Σ n·k tokens in one row, each against all
-    S + N keys, S = Σ t: an upper bound, as a flat pass holds a prefix shared by requests once): the cut and layouts of least Σ PASS_TOKENS + tokens + attention × pairs
-    (dynamic programming over the cut points), a pass at most max_tokens tokens unless it is one
-    request (alone: neither). -> (indices, flat?) per pass. (Lock-step rounds after the first carry rows
-    of many lengths on prefixes of many lengths: padding them cost SmolLM2 layer 15 three passes of
-    360 tokens for 290; the first round, 32 rows of 20 on empty prefixes, is cheapest padded.)"""
+    against P + k_first keys, Σ n rows of P cached positions copied) or, where `flat`, flat (the N = Σ n·k
+    tokens in one row, each against all S + N keys, S = Σ t cached positions copied: an upper bound, as a
+    flat pass holds a prefix shared by requests once): the cut and layouts of least
+    Σ PASS_TOKENS + tokens + attention × pairs + copy × copied positions (dynamic programming over the cut
+    points), a pass at most max_tokens tokens unless it is one request (alone: padded, or flat if it has
+    several rows and fits max_tokens). -> (indices, flat?) per pass. (Lock-step rounds after the first carry
+    rows of many lengths on prefixes of many lengths: padding them cost SmolLM2 layer 15 three passes of
+    360 tokens for 290; the first round, 32 rows of 20 on empty prefixes, is cheapest padded; one prompt's
+    candidates after a long prefix are cheapest flat.)"""
     n = len(shapes)
     best = [0.0] + [float("inf")] * n  # best[j]: cost of the first j requests
     cut, layout = [0] * (n + 1), [False] * (n + 1)
@@ -456,9 +481,9 @@ def pack(shapes: list[tuple[int, int, int]], max_tokens: int, attention: float,
                 break
             costs = []
             if padded <= max_tokens or i == j - 1:
-                costs.append((PASS_TOKENS + padded + attention * padded * (longest + k), False))
-            if flat and i < j - 1 and tokens <= max_tokens and keys + tokens <= FLAT_KEYS:
-                costs.append((PASS_TOKENS + tokens + attention * tokens * (keys + tokens), True))
+                costs.append((PASS_TOKENS + padded + attention * padded * (longest + k) + copy * rows * longest, False))
+            if flat and (i < j - 1 or m > 1) and tokens <= max_tokens and keys + tokens <= FLAT_KEYS:
+                costs.append((PASS_TOKENS + tokens + attention * tokens * (keys + tokens) + copy * keys, True))
             for c, is_flat in costs:
                 if best[i] + c < best[j]:
                     best[j], cut[j], layout[j] = best[i] + c, i, is_flat
