@@ -82,6 +82,12 @@ def test_measured_noise_per_position_bounds_the_loops_recomputation():
     assert s["eps_headroom"] == (round(tol.eps / worst, 2) if worst else None)  # None: bit-exact recomputation
 
 
+def test_measured_noise_of_a_sliding_window_model_is_recomputation_only(tiny_gemma3):
+    """Its calibration prompts reach the window (8) and candidate batches are measured flat and padded: flat
+    where the rows slide would ignore the window (noise ~1), so tap.extend pads them."""
+    assert max(measure_noise(LayerTap(tiny_gemma3, 4), batch_size=64)) < 1e-5
+
+
 def test_bf16_model_eps_comes_from_measured_noise_and_inversion_is_exact():
     """A bf16 model's ε is FACTOR × its measured noise, not FACTOR × 16 bf16 ulps (≈ 3, which would
     accept any token): the GPU run of random:llama-3.1-8b in bf16 found every prompt ambiguous that way."""

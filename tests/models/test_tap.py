@@ -92,7 +92,9 @@ def test_extend_many_with_a_sliding_window(tiny_gemma3):
     shapes = [(2, 2, 2), (0, 3, 3), (3, 1, 1), (9, 2, 2), (9, 3, 1), (4, 2, 2)]  # (prefix, rows, k): 9 + k slides
     requests = [(tap.prefill(ids[:t]), torch.randint(0, 256, (n, k), generator=g)) for t, n, k in shapes]
     for (prefix, rows), (h, grown) in zip(requests, tap.extend_many(requests)):
-        alone = tap.extend(prefix, rows)
+        alone = tap.extend(prefix, rows, layout="padded")
+        assert torch.allclose(tap.extend(prefix, rows, layout="flat"), alone, rtol=1e-5,  # (padded where it slides)
+                              atol=1e-5 * float(alone.abs().max()))
         assert torch.allclose(h, alone, rtol=1e-5, atol=1e-5 * float(alone.abs().max()))
         grown_prefix = grown(0, rows.shape[1])
         nxt = torch.randint(0, 256, (1, 2), generator=g)

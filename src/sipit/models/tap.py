@@ -270,16 +270,18 @@ class LayerTap:
         keep=True also returns `grown(b, n) -> Prefix`: the prefix followed by the first n tokens of
         row b, made from this call's cache (no recomputation; ids must be [B, k]).
         layout: "padded" (a batch of B rows, each with its own copy of the prefix's cache), "flat"
-        (_extend_flat: one row holding the prefix once and every candidate's tokens), or None: whichever
-        `pack` estimates cheaper (SmolLM2 layer 15, 256 candidates after 200 / 1,000 tokens: padded
-        493 / 1,826 ms, flat 175 / 222 ms; docs/results/invert/flat_passes.py).
+        (_extend_flat: one row holding the prefix once and every candidate's tokens; padded where the
+        rows reach a sliding window, which a flat pass's mask does not have), or None: whichever `pack`
+        estimates cheaper (SmolLM2 layer 15, 256 candidates after 200 / 1,000 tokens: padded 493 / 1,826
+        ms, flat 175 / 222 ms; docs/results/invert/flat_passes.py).
         """
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.lm.device)
         if ids.dim() == 1 and not keep:
             return self.extend(prefix, ids[:, None], layout=layout)[:, 0]
-        if layout is None:
-            flat = not self._slides(prefix.length, ids.shape[1])
-            layout = "flat" if pack([(prefix.length, *ids.shape)], FLAT_KEYS, *self._costs, flat=flat)[0][1] else "padded"
+        if self._slides(prefix.length, ids.shape[1]):
+            layout = "padded"
+        elif layout is None:
+            layout = "flat" if pack([(prefix.length, *ids.shape)], FLAT_KEYS, *self._costs)[0][1] else "padded"
         if layout == "flat":
             states, grown = self._extend_flat([(prefix, ids)])[0]
             return (states, grown) if keep else states
