@@ -19,7 +19,7 @@ Two things make it fast:
   follows. Later batches (candidates only) follow the policy's ranking and then, if it runs out,
   the rest of the vocabulary: a position is declared failed only after every token was tried
   (or certified impossible by the policy's lower bounds). On a CPU with native bfloat16, wide
-  batches go through a bfloat16 draft of the model first and only what it puts near is verified (_screen);
+  batches go through a bfloat16 draft of the model first and only its best is verified (_screen);
   the rest are verified only if nothing else matches.
 
 After recovery every accepted position gets its certificate (verify.py): the tokens most likely to
@@ -55,8 +55,10 @@ from .verify import rel_distance
 
 DRAFT_ROWS = 64  # search batches of this many candidates or more go through the draft first (_screen): a
 #                  pass of 64 one-token rows costs SmolLM2 ~2.3x in float32 what it costs in bfloat16
-DRAFT_CHECK = 32  # candidates already verified at a position whose states the draft recomputes, to measure its error
-DRAFT_FACTOR = 2.0  # the draft distances verified: ε + DRAFT_FACTOR × that error (_screen)
+DRAFT_NEAR = 0.1  # the draft's relative error allowed beyond ε: SmolLM2, the true token after 19 random ids,
+#                   layers 1 / 15 / 30: 0.006 / 0.008 / 0.010, the nearest wrong one 0.91 / 0.58 / 0.22
+#                   (docs/results/invert/draft.py passes); a larger error costs time (_screen), not a token
+DRAFT_CHECK = 32  # candidates already verified at a position that its first screen drafts too, to check the draft
 
 
 @dataclass
@@ -336,7 +338,7 @@ class SipIt:
         limit = cfg.max_candidates or V
         lookahead = continuation is not None and len(continuation) > 0 and cfg.lookahead_tokens > 0
         n_batches, held, late = 0, [], torch.zeros(0, dtype=torch.long)  # held: the draft's rejects (_screen)
-        reference, near = None, None  # (ids, float32 states) verified at t; the draft distance verified below
+        drafting = True  # until the draft proves unreliable at t
         while not run.capped():
             left = limit - len(evaluated) - sum(len(ids) for ids, _ in held)  # candidates not yet taken
             if len(late):  # the draft's rejects, once the queue ran out without a match: closest first
@@ -348,13 +350,10 @@ class SipIt:
             else:
                 batch = queue.take(min(fits, cfg.first_batch * 4 ** n_batches, left))
                 n_batches += 1
-                if batch is not None and self.draft is not None and len(batch) >= DRAFT_ROWS and reference:
-                    if near is None:
-                        near = self.eps + DRAFT_FACTOR * self._draft_error(run, prefix, *reference)
-                    screened = self._screen(run, prefix, batch, held, near)
-                    if len(screened) > len(batch) // 2:  # the draft cannot tell them apart here: no more
-                        reference = None
-                    batch = screened
+                if batch is not None and self.draft is not None and len(batch) >= DRAFT_ROWS and drafting:
+                    screened = self._screen(run, prefix, batch, held, None if held else evaluated)
+                    drafting = screened is not None
+                    batch = batch if screened is None else screened
                     if not len(batch):
                         continue  # the draft put none of them near: no float32 pass
             if batch is None:
@@ -373,8 +372,6 @@ class SipIt:
             rows = [(h, grown, j) for h, grown in answers for j in range(len(h))]  # one per candidate
             h0 = torch.cat([h[:, 0] for h, _ in answers])  # [B, dim]: each candidate's state at t
             run.policy.observe(t, batch, h0)
-            if self.draft is not None and near is None and reference is None:
-                reference = (batch[:DRAFT_CHECK], h0[:DRAFT_CHECK])
             d = rel_distance(h0, run.target[t]).cpu()  # [B]
             evaluated.update(zip(batch.tolist(), d.tolist()))
             passing = (d <= self.eps).nonzero().flatten()
@@ -400,36 +397,32 @@ class SipIt:
             best = min(best, float(bounds.min()))
         return _Search(prefix, [Position(None, best, None, 0, tried=len(evaluated), via="search")], {})
 
-    def _draft_error(self, run: _Run, prefix, ids: Tensor, states: Tensor) -> float:
-        """The draft's error at t = prefix.length: the largest distance between its states of candidates
-        verified there, ids [n], and their float32 states [n, dim], relative to the observed state's norm,
-        as verify.rel_distance is. (Not their distances' error: a wrong token's distance hardly moves with
-        an error across it. SmolLM2 layer 30 right after the first token, where the first position's huge
-        activations dominate, put a true token at draft distance 0.26 and wrong ones at 0.04. Nor does it
-        bound every token's: a seed-1 random-id prompt's true token lay at 0.108 where the draft's states of
-        verified candidates were within 0.054, which is why _screen verifies its best too.)"""
-        start = time.perf_counter()
-        h = self.draft.extend(prefix.to(self.draft.lm.dtype), ids[:, None].to(self.lm.device))[:, 0].float()
-        run.cost["draft_tokens"] += len(ids)
-        run.cost["pass_seconds"] += time.perf_counter() - start
-        return float((h - states.float()).norm(dim=-1).max() / run.target[prefix.length].float().norm().clamp_min(1e-30))
+    def _screen(self, run: _Run, prefix, batch: Tensor, held: list, known: dict | None = None) -> Tensor | None:
+        """A wide search batch [B] through the bfloat16 draft: the few it puts near the target -> [b] (often
+        one, or none), for the caller to verify in the model's own precision; the rest go to held as (ids,
+        draft distances), verified only if the search runs out of candidates (so a draft that misjudges costs
+        time, never a token). Their draft states are the policy's anchors (it only orders). SmolLM2 on this
+        project's EPYC, 256 candidates after 19 tokens: layer 15 190 -> 75 ms, layer 30 386 -> 148 ms.
 
-    def _screen(self, run: _Run, prefix, batch: Tensor, held: list, near: float) -> Tensor:
-        """A wide search batch [B] through the bfloat16 draft: its best and those it puts within `near` of the
-        target (ε + DRAFT_FACTOR × its error there: _draft_error) -> [b], usually the true token alone,
-        for the caller to verify in the model's own precision (near-duplicates both, so the float32
-        distances choose between them, as without the draft); the rest go to held as (ids, draft
-        distances), verified, closest first, only if the search runs out of candidates: a draft that
-        misjudges costs time, never a token. Their draft states are the policy's anchors (it only orders).
-        SmolLM2 on this project's EPYC, 256 candidates after 19 tokens: layer 15 164 -> 58 ms, layer 30
-        327 -> 116 ms (docs/results/invert/draft.py)."""
+        known: the first screen of a search also drafts up to DRAFT_CHECK candidates already verified there
+        ({id: distance}); where their draft distances are off by more than DRAFT_NEAR / 2 the draft is not
+        trusted at this position (-> None: verify the batch without it). At layer 30 right after the first
+        token, where states carry the first position's huge activations, the true token's draft distance was
+        0.26 and wrong ones' 0.04 (a seed-131 code prompt): drafting would have skipped it."""
         t, start = prefix.length, time.perf_counter()
-        h = self.draft.extend(prefix.to(self.draft.lm.dtype), batch[:, None].to(self.lm.device))[:, 0].float()
-        d = rel_distance(h, run.target[t].float()).cpu()  # [B]
-        run.cost["draft_tokens"] += len(batch)
+        checks = torch.tensor(list(known)[:DRAFT_CHECK], dtype=torch.long) if known else batch[:0]
+        rows = torch.cat([checks, batch])
+        h = self.draft.extend(prefix.to(self.draft.lm.dtype), rows[:, None].to(self.lm.device))[:, 0].float()
+        d = rel_distance(h, run.target[t].float()).cpu()  # [n + B]
+        run.cost["draft_tokens"] += len(rows)
         run.cost["pass_seconds"] += time.perf_counter() - start
+        if len(checks) and float((d[:len(checks)] - torch.tensor([known[int(v)] for v in checks])).abs().max()) \
+                > DRAFT_NEAR / 2:
+            return None
+        h, d = h[len(checks):], d[len(checks):]
         run.policy.observe(t, batch, h)
-        close = d <= near
-        close[d.argmin()] = True  # and its best: a true token's own draft error can exceed the others'
-        held.append((batch[~close], d[~close]))
-        return batch[close]
+        # the candidates within ε plus the draft's own error (DRAFT_NEAR): usually the true token alone, none
+        # where the batch lacks it; near-duplicates both, so the float32 distances choose, as without the draft
+        near = d <= self.eps + DRAFT_NEAR
+        held.append((batch[~near], d[~near]))
+        return batch[near]
