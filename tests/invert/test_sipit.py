@@ -4,7 +4,6 @@ States are always captured by one ordinary full forward pass (LayerTap.states on
 never by the incremental path the inversion itself uses.
 """
 import math
-from dataclasses import replace
 import time
 
 import pytest
@@ -556,49 +555,3 @@ def test_prompts_longer_than_a_sliding_window_invert(tiny_gemma3):
     engine = SipIt(tiny_gemma3, 4, InvertConfig(policy="exhaustive"), eps=1e-4)
     for r, truth in zip([engine.invert_prompt(states[0])] + engine.invert_prompts(list(states)), [ids[0], *ids]):
         assert r.status == "ok" and r.ids == truth.tolist()
-
-
-def test_the_bfloat16_draft_screens_wide_batches_and_never_decides(lm):
-    """With the draft, wide search batches are verified in float32 only at the draft's best: the same ids,
-    far fewer float32 candidates. A draft that misjudges (another model's states) costs time only: every
-    candidate it rejected is verified once the ranking runs out, and the prompt is still exact."""
-    ids = torch.tensor(lm.encode(TEXT[1])[:8])
-    states = LayerTap(lm, 2).states(ids)
-    config = InvertConfig(policy="random", speculate=False, batch_size=128)
-    plain = SipIt(lm, 2, replace(config, draft=False), eps=1e-4)
-    drafted = SipIt(lm, 2, replace(config, draft=True), eps=1e-4)
-    assert plain.draft is None and drafted.draft is not None and drafted.draft.lm.dtype == torch.bfloat16
-    a, b = plain.invert_prompt(states, ids.tolist()), drafted.invert_prompt(states, ids.tolist())
-    assert a.exact and b.exact and a.ids == b.ids and b.status == "ok"
-    assert a.draft_tokens == 0 < b.draft_tokens and b.forward_tokens < 0.6 * a.forward_tokens  # (1,024 -> 580)
-    wrong = lm.copy_in(torch.bfloat16)  # blocks re-drawn: states unrelated to the model's, which the check of
-    g = torch.Generator().manual_seed(0)  # each search's first screen (candidates verified already) rejects
-    for p in wrong.blocks.parameters():
-        p.data = torch.randn(p.shape, generator=g).to(p.dtype) * float(p.float().std().clamp_min(1e-2))
-    drafted.draft = LayerTap(wrong, 2)
-    c = drafted.invert_prompt(states, ids.tolist())
-    assert c.exact and c.ids == a.ids and 0 < c.draft_tokens and c.forward_tokens >= a.forward_tokens
-
-
-def test_candidates_the_draft_held_back_are_verified_when_nothing_else_matches(lm, monkeypatch):
-    """A draft that passes its check and still misjudges the true token (every candidate held back): the
-    search verifies them all once its ranking runs out, closest by the draft first, and finds the token."""
-    ids = torch.tensor(lm.encode(TEXT[1])[:6])
-    states = LayerTap(lm, 2).states(ids)
-    engine = SipIt(lm, 2, InvertConfig(policy="random", speculate=False, batch_size=128, draft=True), eps=1e-4)
-
-    def hold_all(run, prefix, batch, held, known=None):
-        held.append((batch, torch.rand(len(batch))))
-        return batch[:0]
-    monkeypatch.setattr(engine, "_screen", hold_all)
-    r = engine.invert_prompt(states, ids.tolist())
-    assert r.exact and r.status == "ok"
-    assert any(q.tried > 128 for q in r.positions)  # found among the held-back ones
-
-
-def test_the_draft_is_only_for_float32_plain_taps(lm):
-    from sipit.models.surfaces import KVTap
-
-    assert SipIt(tap=KVTap(lm, 2, "both"), config=InvertConfig(policy="random", draft=True)).draft is None
-    bf16 = load_model(lm.name, precision="bf16")
-    assert SipIt(bf16, 2, InvertConfig(policy="random", draft=True)).draft is None

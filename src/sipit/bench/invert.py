@@ -233,8 +233,6 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V, scored: int | None = 
                                                       for r, f in zip(res, fwd)), 3)),
         candidates_verified_per_position=round(sum(tried) / len(tried), 3),
         vocab_verified_pct=round(100 * sum(tried) / len(tried) / V, 5),
-        # only the bfloat16 draft computed these (SipIt._screen): screened, not verified
-        candidates_drafted_per_position=round(sum(r.draft_tokens for r in res) / len(tried), 3),
         candidates_scored_per_position=round(scored / len(positions), 1) if scored is not None else
         round(statistics.mean(_scored_per_position(name, V, r) for r in res), 1),
         forward_equivalents_per_prompt=round(statistics.mean(r.forward_equivalents * cfg.length / T for r in res), 3),

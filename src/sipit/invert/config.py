@@ -37,9 +37,6 @@ class InvertConfig:
     lookahead_tokens: int = 32  # first search batch: candidates × (1 + guessed continuation) tokens
     first_batch: int = 16  # then candidate batches of 16, 64, 256, ... up to batch_size
     max_candidates: int | None = None  # per position; None: the whole vocabulary before failing
-    draft: bool | None = None  # screen wide search batches with a bfloat16 copy of the model, verifying its
-    #                            best in the model's own precision (SipIt._draft); None: where it pays (a
-    #                            float32 model on a CPU that multiplies bfloat16 natively)
     max_seconds: float | None = None  # per prompt wall-clock cap; a capped prompt ends "failed" (message says so)
     # lock-step (sipit.py): prompts inverted together, each on its own clock, and new tokens per shared
     # pass. They change speed, not results: repr=False keeps them out of result keys (invert/cli.py)

@@ -40,7 +40,6 @@ class PromptResult:
     forward_tokens: int = 0  # tokens pushed through the tap (a full forward of the prompt = T)
     backward_tokens: int = 0  # tokens also back-propagated (gradient policy)
     tap_calls: int = 0
-    draft_tokens: int = 0  # tokens only the bfloat16 draft computed (InvertConfig.draft)
     pass_seconds: float = 0.0  # of `seconds`, the loop's forward passes (its share of each lock-step pass);
     #                            the rest: the policy's ranking, certificates, the loop itself
     length: int = 0  # T, number of observed positions

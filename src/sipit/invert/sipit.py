@@ -18,9 +18,7 @@ Two things make it fast:
   followed by the guessed continuation, so the pass that fixes position t also verifies what
   follows. Later batches (candidates only) follow the policy's ranking and then, if it runs out,
   the rest of the vocabulary: a position is declared failed only after every token was tried
-  (or certified impossible by the policy's lower bounds). On a CPU with native bfloat16, wide
-  batches go through a bfloat16 draft of the model first and only its best is verified (_screen);
-  the rest are verified only if nothing else matches.
+  (or certified impossible by the policy's lower bounds).
 
 After recovery every accepted position gets its certificate (verify.py): the tokens most likely to
 collide — near-duplicate embedding rows, tokens a lower bound cannot exclude — are always
@@ -47,18 +45,11 @@ import torch
 from torch import Tensor
 
 from ..models import LM, LayerTap
-from ..models.device import screen_dtype, sync
+from ..models.device import sync
 from .certify import Certifier, Queue
 from .config import InvertConfig, batch_size_for, speculate_tokens_for
 from .result import Position, PromptResult, judge
 from .verify import rel_distance
-
-DRAFT_ROWS = 64  # search batches of this many candidates or more go through the draft first (_screen): a
-#                  pass of 64 one-token rows costs SmolLM2 ~2.3x in float32 what it costs in bfloat16
-DRAFT_NEAR = 0.1  # the draft's relative error allowed beyond ε: SmolLM2, the true token after 19 random ids,
-#                   layers 1 / 15 / 30: 0.006 / 0.008 / 0.010, the nearest wrong one 0.91 / 0.58 / 0.22
-#                   (docs/results/invert/draft.py passes); a larger error costs time (_screen), not a token
-DRAFT_CHECK = 32  # candidates already verified at a position that its first screen drafts too, to check the draft
 
 
 @dataclass
@@ -76,8 +67,7 @@ class _Run:
     in_batch: bool = False  # inverted in lock-step with other prompts
     seconds: float = 0.0  # spent before the loop was last resumed
     resumed: float = 0.0  # perf_counter() when it was
-    cost: dict = field(default_factory=lambda: dict(forward_tokens=0, backward_tokens=0, tap_calls=0, draft_tokens=0,
-                                                    pass_seconds=0.0))
+    cost: dict = field(default_factory=lambda: dict(forward_tokens=0, backward_tokens=0, tap_calls=0, pass_seconds=0.0))
     evaluated: dict = field(default_factory=dict)  # t -> {candidate id: relative distance}
     row: int = 0  # guesses the next speculation row carries at most (_guess); set by _steps
 
@@ -125,7 +115,6 @@ class SipIt:
         self.config = replace(config, batch_size=batch_size_for(config, self.lm.device),
                               speculate_tokens=speculate_tokens_for(config, self.lm.device))
         self.certifier = Certifier(self.tap, self.eps, self.config.certify, self.config.batch_size)
-        self.draft = self._draft_tap()
         self.policy = make_policy(self.config.policy, self.tap, self.config)
         self.name = self.policy.name
         self.guessed = self.wrong = 0  # guesses speculation rows verified, over every prompt so far; wrong ones
@@ -248,17 +237,6 @@ class SipIt:
                     "storage, noise) and the accepted one may be wrong.")
         return self._finish(run, prefix.ids.tolist(), positions, why, true_ids)
 
-    def _draft_tap(self):
-        """The tap on a bfloat16 copy of the model that screens wide search batches (_screen), or None:
-        config.draft, by default on for a float32 model on a CPU that multiplies bfloat16 natively (where
-        a pass costs ~0.35x: measured there only); never for other taps (surfaces) or other dtypes."""
-        want = self.config.draft
-        if want is None:
-            want = self.lm.device.type == "cpu" and screen_dtype(self.lm.device) == torch.bfloat16
-        if not want or type(self.tap) is not LayerTap or self.lm.dtype != torch.float32:
-            return None
-        return LayerTap(self.lm.draft, self.tap.layer, self.tap.final_norm)
-
     def _reliable(self, T: int) -> bool:
         """Whether this engine's guesses have been right often enough that a T-token prompt's first row
         should carry every guess: fewer than one wrong guess expected in two such prompts (estimated with
@@ -337,31 +315,15 @@ class SipIt:
         evaluated = run.evaluated[t] = dict(checked)
         limit = cfg.max_candidates or V
         lookahead = continuation is not None and len(continuation) > 0 and cfg.lookahead_tokens > 0
-        n_batches, held, late = 0, [], torch.zeros(0, dtype=torch.long)  # held: the draft's rejects (_screen)
-        drafting = True  # until the draft proves unreliable at t
-        while not run.capped():
-            left = limit - len(evaluated) - sum(len(ids) for ids, _ in held)  # candidates not yet taken
-            if len(late):  # the draft's rejects, once the queue ran out without a match: closest first
-                batch, late = late[:fits], late[fits:]
-            elif left <= 0:
-                batch = None
-            elif lookahead:
+        n_batches = 0
+        while len(evaluated) < limit and not run.capped():
+            if lookahead:
                 batch = queue.take(max(1, cfg.lookahead_tokens // (1 + len(continuation))))
             else:
-                batch = queue.take(min(fits, cfg.first_batch * 4 ** n_batches, left))
+                batch = queue.take(min(fits, cfg.first_batch * 4 ** n_batches, limit - len(evaluated)))
                 n_batches += 1
-                if batch is not None and self.draft is not None and len(batch) >= DRAFT_ROWS and drafting:
-                    screened = self._screen(run, prefix, batch, held, None if held else evaluated)
-                    drafting = screened is not None
-                    batch = batch if screened is None else screened
-                    if not len(batch):
-                        continue  # the draft put none of them near: no float32 pass
             if batch is None:
-                if not held:
-                    break
-                ids, dd = (torch.cat(x) for x in zip(*held))
-                late, held = ids[dd.argsort()], []
-                continue
+                break
             if lookahead and run.in_batch:  # only the best carries the continuation: the rest share a
                 groups = [torch.cat([batch[:1], continuation.cpu()])[None], batch[1:, None]]  # pass of short rows
             elif lookahead:  # alone, one pass holds every row anyway (tap.pack): each carries the continuation
@@ -396,33 +358,3 @@ class SipIt:
         if bounds is not None:  # certified lower bounds of the tokens never evaluated
             best = min(best, float(bounds.min()))
         return _Search(prefix, [Position(None, best, None, 0, tried=len(evaluated), via="search")], {})
-
-    def _screen(self, run: _Run, prefix, batch: Tensor, held: list, known: dict | None = None) -> Tensor | None:
-        """A wide search batch [B] through the bfloat16 draft: the few it puts near the target -> [b] (often
-        one, or none), for the caller to verify in the model's own precision; the rest go to held as (ids,
-        draft distances), verified only if the search runs out of candidates (so a draft that misjudges costs
-        time, never a token). Their draft states are the policy's anchors (it only orders). SmolLM2 on this
-        project's EPYC, 256 candidates after 19 tokens: layer 15 190 -> 75 ms, layer 30 386 -> 148 ms.
-
-        known: the first screen of a search also drafts up to DRAFT_CHECK candidates already verified there
-        ({id: distance}); where their draft distances are off by more than DRAFT_NEAR / 2 the draft is not
-        trusted at this position (-> None: verify the batch without it). At layer 30 right after the first
-        token, where states carry the first position's huge activations, the true token's draft distance was
-        0.26 and wrong ones' 0.04 (a seed-131 code prompt): drafting would have skipped it."""
-        t, start = prefix.length, time.perf_counter()
-        checks = torch.tensor(list(known)[:DRAFT_CHECK], dtype=torch.long) if known else batch[:0]
-        rows = torch.cat([checks, batch])
-        h = self.draft.extend(prefix.to(self.draft.lm.dtype), rows[:, None].to(self.lm.device))[:, 0].float()
-        d = rel_distance(h, run.target[t].float()).cpu()  # [n + B]
-        run.cost["draft_tokens"] += len(rows)
-        run.cost["pass_seconds"] += time.perf_counter() - start
-        if len(checks) and float((d[:len(checks)] - torch.tensor([known[int(v)] for v in checks])).abs().max()) \
-                > DRAFT_NEAR / 2:
-            return None
-        h, d = h[len(checks):], d[len(checks):]
-        run.policy.observe(t, batch, h)
-        # the candidates within ε plus the draft's own error (DRAFT_NEAR): usually the true token alone, none
-        # where the batch lacks it; near-duplicates both, so the float32 distances choose, as without the draft
-        near = d <= self.eps + DRAFT_NEAR
-        held.append((batch[~near], d[~near]))
-        return batch[near]

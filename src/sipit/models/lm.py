@@ -74,11 +74,6 @@ class LM:
         return LM(self.name, copy.deepcopy(self.model, memo=cast), self.tokenizer, precision=self.precision,
                   full_layers=self.full_layers)
 
-    @cached_property
-    def draft(self) -> "LM":
-        """copy_in(bfloat16), made once: the draft that screens wide search passes (SipIt._draft)."""
-        return self.copy_in(torch.bfloat16)
-
     @property
     def n_layers(self) -> int:
         """Blocks loaded (= the architecture's depth unless loaded with max_layer)."""

@@ -82,19 +82,6 @@ class Prefix:
     def length(self) -> int:
         return len(self.ids)
 
-    def to(self, dtype: torch.dtype) -> "Prefix":
-        """The prefix with its cache's keys and values in dtype (a copy): a draft tap's prefix (SipIt)."""
-        if self.cache is None:
-            return self
-        cache = copy.copy(self.cache)
-        cache.layers = []
-        for layer in self.cache.layers:
-            layer = copy.copy(layer)
-            if getattr(layer, "is_initialized", False):
-                layer.keys, layer.values = layer.keys.to(dtype), layer.values.to(dtype)
-            cache.layers.append(layer)
-        return Prefix(self.ids, cache)
-
     def crop(self, t: int) -> "Prefix":
         """The prefix of the first t tokens (a view; the original stays valid)."""
         if self.cache is None or t == self.length:
