@@ -272,8 +272,8 @@ class LayerTap:
         layout: "padded" (a batch of B rows, each with its own copy of the prefix's cache), "flat"
         (_extend_flat: one row holding the prefix once and every candidate's tokens; padded where the
         rows reach a sliding window, which a flat pass's mask does not have), or None: whichever `pack`
-        estimates cheaper (SmolLM2 layer 15, 256 candidates after 200 / 1,000 tokens: padded 493 / 1,826
-        ms, flat 175 / 222 ms; docs/results/invert/flat_passes.py).
+        estimates cheaper (SmolLM2 layer 15, 256 candidates after 200 / 600 tokens: padded 522 / 1,248 ms,
+        flat 177 / 222 ms; docs/results/invert/flat_passes.py).
         """
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.lm.device)
         if ids.dim() == 1 and not keep:
@@ -435,9 +435,9 @@ ATTENTION = 2.5  # what a (query, key) pair costs, in tokens × block parameters
 FLAT_KEYS = 4096  # keys of a flat pass at most (its mask and attention scores are [N, keys])
 COPY = 100.0  # what one cached position copied into one row costs, in tokens × block parameters ÷ the keys' and
 #               values' width: a padded pass gives every row its own copy of its prefix's cache (the cache
-#               concatenates), a flat pass each prefix once. SmolLM2 layers 1 / 30, Gemma-3-270M layer 9, 32-128
-#               rows after 200-600 tokens: 89-144 (small passes at layer 1 less), SmolLM2 15 ~110
-#               (docs/results/invert/flat_passes.py)
+#               concatenates), a flat pass each prefix once. SmolLM2 layers 1 / 15 / 30 and Gemma-3-270M layer 9,
+#               passes of 128 rows or more after 200-600 tokens: 89-175 (smaller ones at layer 1 too fast to read;
+#               docs/results/invert/flat_passes.py, its runs flat_passes-4c937e0-*.txt)
 
 
 def attention_shape(lm) -> tuple[int, int, int]:
