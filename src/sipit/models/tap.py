@@ -436,7 +436,7 @@ FLAT_KEYS = 4096  # keys of a flat pass at most (its mask and attention scores a
 COPY = 100.0  # what one cached position copied into one row costs, in tokens × block parameters ÷ the keys' and
 #               values' width: a padded pass gives every row its own copy of its prefix's cache (the cache
 #               concatenates), a flat pass each prefix once. SmolLM2 layers 1 / 15 / 30 and Gemma-3-270M layer 9,
-#               passes of 128 rows or more after 200-600 tokens: 89-175 (smaller ones at layer 1 too fast to read;
+#               passes of 128 rows or more after 200-600 tokens: 92-175 (smaller ones at layer 1 too fast to read;
 #               docs/results/invert/flat_passes.py, its runs flat_passes-4c937e0-*.txt)
 
 
