@@ -40,3 +40,46 @@ def median_ms(f, repeats: int = 7) -> float:
         f()
         times.append(time.perf_counter() - t)
     return statistics.median(times) * 1e3
+
+
+def alternate(layer: int, seed: int, length: int, settings: dict, per_source: int = 2, repeats: int = 2,
+              B: int = 1) -> None:
+    """The bench prompts of a seed at a length (per_source of each SOURCE) inverted by one learned engine under
+    each setting in turn, alternating in one process, every inversion exact and `ok`; prints per setting the
+    median (mean) ratio to the forward, tokens and passes a prompt, seconds in passes. settings: {name:
+    apply(engine)}. B > 1: lock-step batches of B (bench order, sources interleaved), the ratio to their
+    batched forward, passes the most a prompt of the batch took. Model and calibration: MODEL (smollm2), CAL
+    (full)."""
+    import os
+
+    from sipit.bench.invert import _forward_seconds, interleaved
+    from sipit.invert.eps import tolerance_for
+
+    model = os.environ.get("MODEL", "smollm2")
+    lm = load_model(model)
+    tap = LayerTap(lm, layer)
+    data = prompts(lm, SOURCES, per_source, length, seed)
+    ids = torch.tensor([p for _, p in data])
+    states = tap.states(ids)
+    engine = SipIt(lm, layer, InvertConfig(learned=calibration_config(os.environ.get("CAL", "full"))),
+                   eps=tolerance_for(tap, {states.dtype}).eps)
+    engine.invert_prompt(states[0])  # warm-up
+    ratios, tokens, calls, in_passes = ({name: [] for name in settings} for _ in range(4))
+    order = interleaved(data)
+    for _ in range(repeats):
+        for g in [order[i:i + B] for i in range(0, len(order), B)]:
+            fwd = _forward_seconds(tap, ids[g])
+            for name, apply in settings.items():
+                apply(engine)
+                t = time.perf_counter()
+                rs = engine.invert_prompts([states[i] for i in g], [ids[i].tolist() for i in g])
+                assert all(r.exact and r.status == "ok" for r in rs), name
+                ratios[name].append((time.perf_counter() - t) / fwd)
+                tokens[name].append(sum(r.forward_tokens for r in rs) / len(g))
+                calls[name].append(max(r.tap_calls for r in rs))
+                in_passes[name].append(sum(r.pass_seconds for r in rs) / len(g))
+    for name in settings:
+        print(f"{model} layer {layer} seed {seed} length {length} B {B}, {name}: median ratio "
+              f"{statistics.median(ratios[name]):.2f} (mean {statistics.mean(ratios[name]):.2f}), tokens "
+              f"{statistics.mean(tokens[name]):.0f}, passes {statistics.mean(calls[name]):.1f} a prompt, "
+              f"{statistics.mean(in_passes[name]):.3f} s in passes", flush=True)

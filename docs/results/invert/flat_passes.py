@@ -10,16 +10,13 @@ prefix once, every candidate in one row: LayerTap._extend_flat), as models/tap.p
         prefix) and counted (now) in turn, alternating in one process, every inversion exact; per setting the
         median ratio to the forward, tokens and passes a prompt, seconds in passes. B > 1: lock-step batches of B,
         the ratio to their batched forward. Another model: MODEL=gemma3-270m CAL=fast."""
-import os
-import statistics
 import sys
-import time
 
 import torch
 
-from common import SOURCES, median_ms
+from common import alternate, median_ms
 from sipit.models import LayerTap, load_model
-from sipit.models.tap import FLAT_KEYS, attention_shape, pack
+from sipit.models.tap import FLAT_KEYS, attention_shape, pack, pass_costs
 
 torch.set_num_threads(2)
 
@@ -53,45 +50,13 @@ def passes(model, layers, prefixes):
                       f"in COPY's units", flush=True)
 
 
-def invert_ab(layer, seed, length, per_source, repeats, B):
-    from sipit.bench.invert import _forward_seconds, interleaved, prompts
-    from sipit.invert import InvertConfig, SipIt
-    from sipit.invert.eps import tolerance_for
-    from sipit.invert.learned.config import calibration_config
-
-    lm = load_model(os.environ.get("MODEL", "smollm2"))
-    tap = LayerTap(lm, layer)
-    data = prompts(lm, SOURCES, per_source, length, seed)
-    ids = torch.tensor([p for _, p in data])
-    states = tap.states(ids)
-    engine = SipIt(lm, layer, InvertConfig(learned=calibration_config(os.environ.get("CAL", "full"))),
-                   eps=tolerance_for(tap, {states.dtype}).eps)
-    engine.invert_prompt(states[0])  # warm-up
-    attention, copy = engine.tap._costs
-    settings = {"before (copies uncounted)": (attention, 0.0), "now": (attention, copy)}
-    ratios, tokens, calls, in_passes = ({s: [] for s in settings} for _ in range(4))
-    order = interleaved(data)
-    for _ in range(repeats):
-        for g in [order[i:i + B] for i in range(0, len(order), B)]:
-            fwd = _forward_seconds(tap, ids[g])
-            for name, costs in settings.items():
-                engine.tap._costs = costs
-                t = time.perf_counter()
-                rs = engine.invert_prompts([states[i] for i in g], [ids[i].tolist() for i in g])
-                assert all(r.exact and r.status == "ok" for r in rs), name
-                ratios[name].append((time.perf_counter() - t) / fwd)
-                tokens[name].append(sum(r.forward_tokens for r in rs) / len(g))
-                calls[name].append(max(r.tap_calls for r in rs))
-                in_passes[name].append(sum(r.pass_seconds for r in rs) / len(g))
-    for name in settings:
-        print(f"{os.environ.get('MODEL', 'smollm2')} layer {layer} seed {seed} length {length} B {B}, {name}: median "
-              f"ratio {statistics.median(ratios[name]):.2f} (mean {statistics.mean(ratios[name]):.2f}), tokens "
-              f"{statistics.mean(tokens[name]):.0f}, passes {statistics.mean(calls[name]):.1f} a prompt, "
-              f"{statistics.mean(in_passes[name]):.3f} s in passes", flush=True)
+def invert_ab(layer, seed, length, per_source=2, repeats=2, B=1):
+    def costs(copies):  # pack's costs with the copies of a padded pass counted or not
+        return lambda engine: setattr(engine.tap, "_costs", (pass_costs(engine.lm)[0], pass_costs(engine.lm)[1] * copies))
+    alternate(layer, seed, length, {"before (copies uncounted)": costs(0), "now": costs(1)}, per_source, repeats, B)
 
 
 if sys.argv[1] == "passes":
     passes(sys.argv[2], [int(x) for x in sys.argv[3].split(",")], [int(x) for x in sys.argv[4].split(",")])
 else:
-    a = [int(x) for x in sys.argv[2:]]
-    invert_ab(a[0], a[1], a[2], *(a[3:] + [2, 2, 1][len(a) - 3:]))
+    invert_ab(*[int(x) for x in sys.argv[2:]])

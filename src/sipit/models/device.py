@@ -75,8 +75,8 @@ def free_bytes(device: torch.device | str) -> int | None:
 
     The driver's free memory (torch.cuda.mem_get_info) plus what PyTorch's caching allocator holds
     unused: it keeps a pass's blocks for the next, and each search pass of a growing prefix asks for
-    a little more, so counting them as taken would shrink later passes (the likely reason an 8B model's
-    128- and 160-token prompts on an H200 took 37-77 passes a position where 20-token ones take 19)."""
+    a little more, so counting them as taken shrank later passes (an 8B model's 160-token prompt on an
+    H200: 37 passes a position before, 21.7 after; docs/results/gpu/README.md)."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
