@@ -79,6 +79,8 @@ def test_extend_flat_equals_padded(tiny_lm, which):
         nxt = torch.randint(0, tiny_lm.vocab_size, (2, 2), generator=g)
         a, b = tap.extend(grown(5, 2), nxt), tap.extend(grown_padded(5, 2), nxt)
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+    with pytest.raises(ValueError, match="layout"):
+        tap.extend(prefix, rows, layout="flatt")
     one = tap.extend(prefix, rows[:, 0], layout="flat")  # [B] ids -> [B, d]
     assert torch.allclose(one, padded[:, 0], rtol=1e-5, atol=1e-5 * float(padded.abs().max()))
 

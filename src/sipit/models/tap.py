@@ -278,6 +278,8 @@ class LayerTap:
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.lm.device)
         if ids.dim() == 1 and not keep:
             return self.extend(prefix, ids[:, None], layout=layout)[:, 0]
+        if layout not in (None, "flat", "padded"):
+            raise ValueError(f"layout must be 'flat', 'padded' or None, got {layout!r}")
         if self._slides(prefix.length, ids.shape[1]):
             layout = "padded"
         elif layout is None:
