@@ -1,9 +1,10 @@
-"""A lock-step batch of 32 bench prompts, its passes traced: per round the requests, new tokens, longest prefix and
-milliseconds, then the time outside the passes; three repeats, every prompt exact.
+"""A lock-step batch of 32 bench prompts (the first 32 taken one of each source in turn, as `sipit bench` batches
+them), its passes traced: per round the requests, new tokens, longest prefix and milliseconds, then the time
+outside the passes; three repeats, every prompt exact.
 
     python lockstep_rounds.py LAYER SEED        e.g. 15 5"""
 import sys, time, statistics, torch
-from sipit.bench.invert import prompts
+from sipit.bench.invert import interleaved, prompts
 from sipit.invert import InvertConfig, SipIt
 from sipit.invert.eps import tolerance_for
 from sipit.invert.learned.config import calibration_config
@@ -11,7 +12,8 @@ from sipit.models import LayerTap, load_model
 layer, seed = int(sys.argv[1]), int(sys.argv[2])
 torch.set_num_threads(2)
 lm = load_model("smollm2")
-ids = torch.tensor([p for _, p in prompts(lm, ["prose", "code", "random", "chat"], 10, 20, seed)])[:32]
+data = prompts(lm, ["prose", "code", "random", "chat"], 10, 20, seed)
+ids = torch.tensor([data[i][1] for i in interleaved(data)[:32]])
 tap = LayerTap(lm, layer)
 states = tap.states(ids)
 eng = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=tolerance_for(tap, {states.dtype}).eps)

@@ -91,16 +91,16 @@ def test_invert_config_calibration_tokens_reaches_the_learned_config():
 
 def test_default_key_unchanged_and_fast_mode_keyed_apart():
     """The default settings' part of the key is pinned (as computed with VERSION 8; VERSION 7 made P's screen begin
-    scoring projected distances): adding a setting must not orphan the cached calibrations; table_tokens
-    (fast mode) gives another key."""
+    scoring projected distances; screen_rank 16 and table_rank 32 since 2026-11-26): adding a setting must not
+    orphan the cached calibrations; table_tokens (fast mode) gives another key."""
     default = ("{'calibration_tokens': 49152, 'seq_len': 64, 'random_fraction': 0.2, 'ridge': 0.001, "
-               "'screen_rank': 64, 'screen_top': 64, 'guess_top': 16, 'screen_agree': 0.999, 'table_rank': 64, "
+               "'screen_rank': 16, 'screen_top': 64, 'guess_top': 16, 'screen_agree': 0.999, 'table_rank': 32, "
                "'head_rank': 128, "
                "'gains': (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), 'validation_rows': 32, 'lm_weight': 5.0, 'gate_rows': 128, 'gate_margin': 1.0, "
                "'lens_rows': 256}")
     assert LearnedConfig().fit_key() == default and calibration_config("full") == LearnedConfig()
     lm = load_model("tiny-gpt2")
-    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-1de956a953e1")
+    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-40f0a4cfd272")
     fast = calibration_config("fast")
     assert fast.table_tokens == 4096 and fast.calibration_tokens == 16384
     assert cache_path(LayerTap(lm, 2), fast) != cache_path(LayerTap(lm, 2), LearnedConfig())

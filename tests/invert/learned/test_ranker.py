@@ -1,8 +1,10 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
 from sipit.invert.learned import LinearRanker, calibrate
-from sipit.invert.learned.ranker import against, row_dots
+from sipit.invert.learned.ranker import against, row_dots, top_k
 from sipit.models import LayerTap
 
 from .conftest import FAST
@@ -10,8 +12,9 @@ from .conftest import FAST
 
 @pytest.fixture(scope="module")
 def ranker(lm):
+    """A full-rank screen (the tests below compare its scores with exact ones, and lower the rank themselves)."""
     tap = LayerTap(lm, 2)
-    return LinearRanker(calibrate(tap, FAST), tap)
+    return LinearRanker(calibrate(tap, replace(FAST, screen_rank=lm.d_model)), tap)
 
 
 def test_reranking_fits_offset_and_gain_from_evaluated_candidates(ranker):
@@ -165,12 +168,12 @@ def test_screens_in_row_blocks_give_what_one_product_gives(lm, ranker, monkeypat
 
 
 def test_biased_screen_is_half_the_score_less_a_row_constant(lm, ranker):
-    """One product with the bias folded in: (rB)·(P_v B) − (g/2)‖P_v‖² − ‖rB‖²/2g for every token (float32
+    """One product with the bias folded in: (rB)·(P_v B) − (g/2)‖P_v B‖² − ‖rB‖²/2g for every token (float32
     screen: to float32 rounding; bfloat16: the same order for the best, up to its rounding)."""
     c, g = ranker.cal, ranker.gain
     r = torch.randn(5, c.P.shape[1], generator=torch.Generator().manual_seed(2))
     x = r @ c.p_basis
-    want = x @ c.p_proj.T - (g / 2) * c.P_sq - (x ** 2).sum(1, keepdim=True) / (2 * g)
+    want = x @ c.p_proj.T - (g / 2) * (c.p_proj ** 2).sum(1) - (x ** 2).sum(1, keepdim=True) / (2 * g)
     f32 = LinearRanker(c, LayerTap(lm, 2), low=torch.float32)
     got = f32._biased_screen([x], f32.screen_table)
     assert got.dtype == torch.float32 and torch.allclose(got, want, rtol=1e-4, atol=1e-3 * float(want.abs().max()))
@@ -194,3 +197,16 @@ def test_row_dots_equal_the_gathered_product():
     ids = torch.randint(0, 50, (37, 5), generator=g)
     assert torch.allclose(row_dots(table, ids, x, rows=16), (table[ids] @ x[:, :, None])[..., 0], atol=1e-6)
     assert row_dots(table, ids[:0], x[:0]).shape == (0, 5)
+
+
+@pytest.mark.parametrize("V, k", [(49_152, 16), (49_152, 64), (50_257, 16), (1_000, 16)])
+@pytest.mark.parametrize("largest", [True, False])
+def test_top_k_by_blocks_is_the_top_k(V, k, largest):
+    """The block shortcut (with a remainder past the last whole block; V = 1,000 takes the plain top-k) gives
+    the values torch.topk gives, best first, for float32 and bfloat16 rows with many ties."""
+    g = torch.Generator().manual_seed(V + k)
+    for x in (torch.randn(5, V, generator=g), torch.randint(0, 50, (5, V), generator=g).float().bfloat16()):
+        got = top_k(x, k, largest=largest)
+        assert got.shape == (5, k)
+        assert torch.equal(x.gather(1, got), x.topk(k, dim=1, largest=largest).values)
+        assert all(len(set(row)) == k for row in got.tolist())

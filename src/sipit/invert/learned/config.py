@@ -19,7 +19,9 @@ class LearnedConfig:
     # --- fit (fit.py): h_t ≈ A [e_v, table_v] + B ĥ_{t−1} + c by ridge on standardised features
     ridge: float = 1e-3  # λ, relative to the number of fitted positions
     # --- screening (fit.py, ranker.py): low-rank scores first, exact for the best few
-    screen_rank: int = 64  # smallest rank tried for the whitened token predictions P (doubled until it agrees)
+    screen_rank: int = 16  # smallest rank tried for the whitened token predictions P (doubled until it agrees;
+    #                        64 before: SmolLM2 layers 1 and 15 now agree at 32, 30 at 256 as before; a smaller
+    #                        screen leaves more of the model's weights in cache: docs/results/invert/README.md)
     screen_top: int = 64  # candidates per position scored exactly after the screen (position 0, searches) ...
     guess_top: int = 16  # ... and for the guesses at t ≥ 1 without a lens (a lens reads screen_top: screen_best).
     #                      SmolLM2, the bench prompts of seeds 59 / 61 / 67, against 64: layer 30 wrong first guesses
@@ -27,8 +29,10 @@ class LearnedConfig:
     #                      1.2 vs 1.9 ms
     screen_agree: float = 0.999  # a rank is kept once its top-1 agrees with full scoring this often (a miss costs
     #                              a pass; SmolLM2's 608 validation positions: every one)
-    table_rank: int = 64  # columns of the position-0 table's principal subspace (its screen and certified bounds;
-    #                       SmolLM2: half of 128 read 1.04 -> 0.42 ms a prompt, the bench prompts' margins alike)
+    table_rank: int = 32  # columns of the position-0 table's principal subspace (its screen and certified bounds;
+    #                       SmolLM2: half of 128 read 1.04 -> 0.42 ms a prompt, 32 another 0.2-0.3 ms; the bounds
+    #                       still exclude every token but the truth at layers 1 / 15 / 30, fresh seed 149: the
+    #                       closest others are scored exactly)
     head_rank: int = 128  # rank of the LM head's screen (the LM prior)
     gains: tuple[float, ...] = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # shrinkage of the token part
     validation_rows: int = 32  # fresh calibration-like rows (20 tokens) choosing gain and rank

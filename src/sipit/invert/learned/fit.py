@@ -268,7 +268,7 @@ def _screening(parts: dict, H: Tensor, ids: Tensor, cfg: LearnedConfig, tap) -> 
     token more often: g is the best of cfg.gains (SmolLM2, held-out prompts, top-1: ℓ = 30 prose
     74 → 76%, code 84 → 87%, random 59 → 65% at g = 0.7; ℓ = 15 prose 96 → 97%). The rank for P is
     the smallest of k, 2k, ... whose screened top-1 agrees with full scoring on ≥ cfg.screen_agree
-    of the positions (SmolLM2: 64 at ℓ = 1 and 15, 256 at ℓ = 30)."""
+    of the positions (SmolLM2: 32 at ℓ = 1 and 15, 256 at ℓ = 30, from cfg.screen_rank = 16)."""
     out = dict(parts)
     d = out["P"].shape[1]
     r = (H[:, 1:] @ parts["white"] - H[:, :-1] @ parts["Bw"] - parts["cw"]).reshape(-1, d)  # [n, d]
