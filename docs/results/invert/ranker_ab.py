@@ -1,7 +1,9 @@
 """A/B of the learned ranker at an earlier commit against the current one, in one process on the same
 held-out prompts, alternating: one at a time and in lock-step batches of up to 32.
 
-    python ranker_ab.py BEFORE_COMMIT LAYER SEED REPEATS [PROMPTS_PER_SOURCE]
+    python ranker_ab.py BEFORE_COMMIT LAYER SEED REPEATS [PROMPTS_PER_SOURCE] [MODEL] [CALIBRATION]
+
+(MODEL: smollm2 by default; CALIBRATION: full or fast, full by default.)
 
 The earlier ranker.py (and index.py, where it had one) are read with `git show` and swapped into one of two otherwise
 identical engines, with the earlier commit's calibration and index (read by its config.py, cache.py and index.py: where
@@ -25,6 +27,8 @@ from sipit.models import LayerTap, load_model
 
 before, layer, seed, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 per_source = int(sys.argv[5]) if len(sys.argv) > 5 else 10
+model = sys.argv[6] if len(sys.argv) > 6 else "smollm2"
+calibration = sys.argv[7] if len(sys.argv) > 7 else "full"
 torch.set_num_threads(2)
 
 
@@ -38,15 +42,15 @@ def module_before(name: str) -> types.ModuleType:
     return module
 
 
-lm = load_model("smollm2")
+lm = load_model(model)
 data = prompts(lm, ["prose", "code", "random", "chat"], per_source, 20, seed)
 ids = torch.tensor([p for _, p in data])
 tap = LayerTap(lm, layer)
 states = tap.states(ids)
 eps = tolerance_for(tap, {states.dtype}).eps  # measured, as the bench and the CLI do
-engines = {name: SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=eps)
+engines = {name: SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config(calibration)), eps=eps)
            for name in (before, "now")}
-old_cal = module_before("cache").load_cached(tap, module_before("config").calibration_config("full"))
+old_cal = module_before("cache").load_cached(tap, module_before("config").calibration_config(calibration))
 assert old_cal is not None, f"the calibration of {before} is not cached: run that commit once"
 has_index = subprocess.run(["git", "cat-file", "-e", f"{before}:src/sipit/invert/learned/index.py"]).returncode == 0
 extra = {}

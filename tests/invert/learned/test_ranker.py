@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sipit.invert.learned import LinearRanker, calibrate
-from sipit.invert.learned.ranker import against, row_dots, top_k
+from sipit.invert.learned.ranker import against, row_dots
 from sipit.models import LayerTap
 
 from .conftest import FAST
@@ -198,15 +198,3 @@ def test_row_dots_equal_the_gathered_product():
     assert torch.allclose(row_dots(table, ids, x, rows=16), (table[ids] @ x[:, :, None])[..., 0], atol=1e-6)
     assert row_dots(table, ids[:0], x[:0]).shape == (0, 5)
 
-
-@pytest.mark.parametrize("V, k", [(49_152, 16), (49_152, 64), (50_257, 16), (1_000, 16)])
-@pytest.mark.parametrize("largest", [True, False])
-def test_top_k_by_blocks_is_the_top_k(V, k, largest):
-    """The block shortcut (with a remainder past the last whole block; V = 1,000 takes the plain top-k) gives
-    the values torch.topk gives, best first, for float32 and bfloat16 rows with many ties."""
-    g = torch.Generator().manual_seed(V + k)
-    for x in (torch.randn(5, V, generator=g), torch.randint(0, 50, (5, V), generator=g).float().bfloat16()):
-        got = top_k(x, k, largest=largest)
-        assert got.shape == (5, k)
-        assert torch.equal(x.gather(1, got), x.topk(k, dim=1, largest=largest).values)
-        assert all(len(set(row)) == k for row in got.tolist())

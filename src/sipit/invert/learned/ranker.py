@@ -42,25 +42,6 @@ def row_dots(table: Tensor, ids: Tensor, x: Tensor, rows: int = 16) -> Tensor:
         if len(ids) else x.new_zeros(ids.shape)
 
 
-def top_k(x: Tensor, k: int, largest: bool = True, block: int = 64) -> Tensor:
-    """Indices of the k largest (or smallest) of each row of x [n, V], best first: x.topk(k).indices up to the
-    order of ties. The k best of its blocks of `block` columns by their extrema hold them all, so one reduction
-    over V and a top-k over k·block columns replace a top-k over V (SmolLM2, V = 49,152, this project's 2-core
-    CPU: the guesses' [19, V], k = 16: 0.47 -> 0.13 ms; k = 64: 0.52 -> 0.36 ms). bfloat16 is widened first
-    (its reductions are not vectorised). [n, k]"""
-    n, V = x.shape
-    blocks = V // block
-    if k * block * 8 > V:  # (a deep ranking: the plain top-k)
-        return x.topk(k, dim=1, largest=largest).indices
-    x = x.float()
-    body = x[:, :blocks * block].view(n, blocks, block)
-    best = (body.amax(2) if largest else body.amin(2)).topk(k, dim=1, largest=largest).indices  # [n, k]
-    cols = (best[:, :, None] * block + torch.arange(block, device=x.device)).reshape(n, -1)  # [n, k·block]
-    if V > blocks * block:  # the columns past the last whole block
-        cols = torch.cat([cols, torch.arange(blocks * block, V, device=x.device).expand(n, -1)], 1)
-    return cols.gather(1, x.gather(1, cols).topk(k, dim=1, largest=largest).indices)
-
-
 class LinearRanker:
     def __init__(self, cal: Calibration, tap, screen_top: int = 64, low: torch.dtype | None = None,
                  guess_top: int = 16):
@@ -126,7 +107,7 @@ class LinearRanker:
         q_sq = (q.double() ** 2).sum(1, keepdim=True)  # [B, 1]
         # ‖Π(x_v − y)‖² ≤ ‖x_v − y‖², less the slack: one fused float32 product, then in place  [B, V]
         dist = (self.t_lower + (self.t_keep * q_sq).float()).addmm_(q, self.t_proj_T, alpha=-2).clamp_min_(0).sqrt_()
-        top = top_k(dist, min(self.screen_top, dist.shape[1]), largest=False)  # [B, m]
+        top = dist.topk(min(self.screen_top, dist.shape[1]), dim=1, largest=False).indices  # [B, m]
         exact = (c.table[top].double() - Y.double()[:, None]).norm(dim=2)  # [B, m]
         rel = dist.scatter_(1, top, exact.float()).div_(Y.double().norm(dim=1, keepdim=True).clamp_min(1e-30).float())
         # ‖x̃ − x‖ ≤ e‖x‖ ≤ e(‖ĥ‖ + ‖x − ĥ‖)  =>  d ≥ (d̃ − e)/(1 + e); d̃ ≥ rel·(1 − 2⁻²¹): float32 roundings
@@ -177,7 +158,7 @@ class LinearRanker:
             best = against(r, c.P).sub_(c.P_sq, alpha=self.gain / 2).topk(m)
             return best.indices, 2 * best.values
         approx = self._biased_screen([r @ c.p_basis], self.screen_table)  # [n, V]
-        top = top_k(approx, m)  # [n, m]
+        top = approx.topk(m, dim=1).indices  # [n, m]
         exact = self._exact(top, r, self.gain)  # [n, m]
         best = exact.sort(dim=1, descending=True, stable=True)
         return top.gather(1, best.indices), best.values
@@ -223,7 +204,7 @@ class LinearRanker:
         self._count(len(r))
         w, g = 2 * c.lm_weight, self.gain
         approx = self._biased_screen([r @ c.p_basis, (w / (2 * g)) * (n @ c.u_basis)], self.prior_table)  # score ÷ 2g
-        top = top_k(approx, min(self.screen_top, approx.shape[1]))
+        top = approx.topk(min(self.screen_top, approx.shape[1]), dim=1).indices
         exact = g * self._exact(top, r, g) + w * row_dots(self.unembed, top, n)
         return top.gather(1, exact.argmax(1, keepdim=True))[:, 0]
 
