@@ -54,3 +54,22 @@ def test_new_cache_is_empty_and_independent_of_the_template(spec):
     from transformers import DynamicCache
 
     assert [type(x) for x in lm.new_cache().layers] == [type(x) for x in DynamicCache(config=lm.model.config).layers]
+
+
+def test_next_token_logprobs_from_a_layers_states_equal_those_from_the_ids(tiny_lm, tiny_gemma3):
+    """The blocks above a layer run on its states (those below are skipped): the same log-probs as the whole model
+    on the ids at every layer, the embedding's (0) and the last included, past Gemma-3's sliding window; the
+    skipped blocks' own forward is back afterwards. A model loaded up to some layer gives None."""
+    import copy
+
+    for lm in (tiny_lm, tiny_gemma3):
+        ids = torch.randint(0, lm.vocab_size, (13,), generator=torch.Generator().manual_seed(0))
+        expected = lm.next_token_logprobs(ids)
+        for layer in range(lm.depth + 1):
+            got = lm.next_token_logprobs_from(layer, LayerTap(lm, layer).states(ids))
+            assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-5), (lm.name, layer)
+        assert not any("forward" in block.__dict__ for block in lm.blocks)
+        assert torch.equal(lm.next_token_logprobs(ids), expected)
+        truncated = copy.copy(lm)
+        truncated.full_layers = lm.n_layers + 2
+        assert truncated.next_token_logprobs_from(1, LayerTap(lm, 1).states(ids)) is None

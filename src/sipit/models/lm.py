@@ -23,6 +23,10 @@ from ..io import SipitError
 INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # a float's bits, as integers
 
 
+class _Probed(Exception):
+    """Raised by LM._blocks_return_tuples's hook once block 0 has answered."""
+
+
 class ModelError(SipitError):
     """A model spec that cannot be loaded, or a layer it does not have; the message says why."""
 
@@ -228,6 +232,61 @@ class LM:
         if self.n_layers < self.depth:  # not `full_layers is not None`: max_layer = depth loads every block
             return None
         return torch.log_softmax(self.logits(ids[None].to(self.device))[0, :, :self.vocab_size].float(), -1)
+
+    @torch.no_grad()
+    def next_token_logprobs_from(self, layer: int, states: Tensor) -> Tensor | None:
+        """next_token_logprobs of a prompt read off its residual states at `layer` ([T, d], as LayerTap observes
+        them: no final norm) instead of its ids: only the blocks from `layer` up and the head run, the ones below
+        hand the states on untouched, so it costs the part of a forward above the layer (SmolLM2 at layer 15:
+        half). The same numbers as from the ids, up to the states' own error. [T, V] float32; None when only
+        the first blocks were loaded."""
+        if self.n_layers < self.depth:
+            return None
+        h = states[None].to(self.device, self.dtype)
+        tuples = self._blocks_return_tuples
+
+        def given(module, args, kwargs):  # the first block to run (the final norm above the last) reads h
+            return ((h, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": h})
+
+        def skip(hidden_states, *args, **kwargs):  # a block below the layer: its input, as its output
+            return (hidden_states,) if tuples else hidden_states
+
+        first = self.blocks[layer] if layer < self.n_layers else self.norm
+        below = list(self.blocks[:layer])
+        saved = [block.__dict__.get("forward") for block in below]  # (an instance's own forward: accelerate's)
+        handle = first.register_forward_pre_hook(given, with_kwargs=True)
+        for block in below:
+            block.forward = skip
+        try:
+            logits = self.model(input_ids=torch.zeros(h.shape[:2], dtype=torch.long, device=self.device),
+                                use_cache=False).logits
+        finally:
+            handle.remove()
+            for block, forward in zip(below, saved):
+                if forward is None:
+                    del block.forward
+                else:
+                    block.forward = forward
+        return torch.log_softmax(logits[0, :, :self.vocab_size].float(), -1)
+
+    @cached_property
+    def _blocks_return_tuples(self) -> bool:
+        """Whether this transformers version's blocks return a tuple (older ones) or the hidden states: one
+        token through block 0 tells."""
+        seen = []
+
+        def probe(module, args, out):
+            seen.append(isinstance(out, tuple))
+            raise _Probed
+
+        handle = self.blocks[0].register_forward_hook(probe)
+        try:
+            self.run_base(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device))
+        except _Probed:
+            pass
+        finally:
+            handle.remove()
+        return seen[0]
 
 
 @contextmanager

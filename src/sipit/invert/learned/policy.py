@@ -112,12 +112,18 @@ class Learned(Policy):
         """The LM's next-token log-probs after the verified prefix ids [t] ([V]), or None when the
         prefix does not read as text: the LM predicts its tokens no better than chance (mean
         log p ≤ −log V; random ids score far below it). With one token there is nothing to judge
-        yet: used. One forward of the prefix through the whole model, only at positions the
-        ranker's first two batches missed."""
-        logp = self.tap.lm.next_token_logprobs(ids)  # [t, V] or None
+        yet: used. Only at positions the ranker's first two batches missed: where the tap observes
+        the residual stream, the blocks above it run on the observed states of the prefix (the same
+        numbers: SmolLM2 at layer 15, half a forward of the prefix); otherwise the prefix's ids run
+        through the whole model."""
+        lm = self.tap.lm
+        if getattr(self.tap, "plain_states", False) and not self.tap.final_norm:
+            logp = lm.next_token_logprobs_from(self.tap.layer, self.target[:len(ids)])  # [t, V] or None
+        else:
+            logp = lm.next_token_logprobs(ids)
         if logp is None:
             return None
-        self.cost["forward_tokens"] += len(ids)  # (through every block, not only the tap's)
+        self.cost["forward_tokens"] += len(ids)  # (through the blocks above the tap, or every block)
         self.cost["tap_calls"] += 1
         if len(ids) > 1 and float(logp[:-1].gather(1, ids[1:, None].to(logp.device)).mean()) <= -math.log(self.V):
             return None
