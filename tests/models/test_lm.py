@@ -54,6 +54,10 @@ def test_new_cache_is_empty_and_independent_of_the_template(spec):
     from transformers import DynamicCache
 
     assert [type(x) for x in lm.new_cache().layers] == [type(x) for x in DynamicCache(config=lm.model.config).layers]
+    # a tap's cache holds the layers its blocks write, and its passes fill them as a whole cache's would
+    tap, ids = LayerTap(lm, 1), torch.tensor([1, 2, 3, 4])
+    assert len(lm.new_cache(1).layers) == 1 and len(tap.prefill(ids[:3]).cache.layers) == 1
+    assert torch.allclose(tap.extend(tap.prefill(ids[:3]), ids[3:][None])[0], tap.states(ids)[3:], atol=1e-5)
 
 
 def test_next_token_logprobs_from_a_layers_states_equal_those_from_the_ids(tiny_lm, tiny_gemma3):

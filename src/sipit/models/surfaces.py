@@ -158,7 +158,7 @@ class KVTap(LayerTap):
     @torch.no_grad()
     def cache_of(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """Block ℓ's keys and values [B, n_kv_heads, T, head_dim] of a full forward of ids [B, T]."""
-        cache = self.lm.new_cache()
+        cache = self.lm.new_cache(self.blocks_read)
         self._forward(ids=ids, cache=cache)
         layer = cache.layers[self.layer - 1]
         return layer.keys, layer.values
@@ -178,7 +178,7 @@ class KVTap(LayerTap):
 
     def _run(self, cache=None, **inputs) -> Tensor:
         n = (inputs["ids"] if inputs.get("ids") is not None else inputs["embeds"]).shape[1]
-        cache = cache if cache is not None else self.lm.new_cache()
+        cache = cache if cache is not None else self.lm.new_cache(self.blocks_read)
         self._forward(cache, **inputs)
         layer = cache.layers[self.layer - 1]
         return kv_observation(layer.keys[:, :, -n:], layer.values[:, :, -n:], self.part)

@@ -250,7 +250,7 @@ class LayerTap:
             states = self.states(ids) if return_states and len(ids) else ids.new_zeros(0, self.lm.d_model, dtype=self.lm.dtype)
             prefix = Prefix(ids, None)
         else:
-            cache = self.lm.new_cache()
+            cache = self.lm.new_cache(self.blocks_read)
             states = self._run(ids=ids[None], cache=cache)[0]
             prefix = Prefix(ids, cache)
         return (prefix, states) if return_states else prefix
@@ -259,7 +259,7 @@ class LayerTap:
         positions = torch.arange(prefix.length, prefix.length + k, device=self.lm.device).expand(batch, k)
         cache = _expand(prefix.cache, batch) if prefix.cache is not None else None
         if cache is None and keep and self.layer > 0:
-            cache = self.lm.new_cache()
+            cache = self.lm.new_cache(self.blocks_read)
         states = self._run(cache=cache, position_ids=positions, **inputs)
         return (states, cache) if keep else states
 
@@ -353,7 +353,7 @@ class LayerTap:
             at += rows.numel()
         cache = mask = None
         if self.layer > 0:
-            cache = _joined([p.cache for _, p in segments.values() if p.cache is not None]) if S else self.lm.new_cache()
+            cache = _joined([p.cache for _, p in segments.values() if p.cache is not None]) if S else self.lm.new_cache(self.blocks_read)
             allowed = torch.cat([own, see], 1).to(dev)[None, None]  # [1, 1, N, S + N]
             mask = torch.zeros(allowed.shape, dtype=self.lm.dtype, device=dev).masked_fill_(
                 ~allowed, torch.finfo(self.lm.dtype).min)  # additive: eager and sdpa attention alike
@@ -396,7 +396,7 @@ class LayerTap:
                     mask[r:r + n, t:P] = 0
                     r += n
             else:
-                cache = self.lm.new_cache()
+                cache = self.lm.new_cache(self.blocks_read)
         states = self._run(ids=ids, cache=cache, position_ids=positions, attention_mask=mask)
         results, r = [], 0
         for (prefix, rows), t, n in zip(requests, lengths, sizes):
@@ -516,7 +516,7 @@ def run_taps(lm: LM, taps: list, ids: Tensor) -> list[Tensor]:
     caches, at any layers: blocks above the highest tap's layer never run). -> [B, T, tap.dim] per tap.
     What the calibration of many surfaces shares: one pass instead of one per tap."""
     layers = sorted({t.layer for t in taps})
-    cache = lm.new_cache() if any(t.needs_cache for t in taps) else None
+    cache = lm.new_cache(max(t.blocks_read for t in taps)) if any(t.needs_cache for t in taps) else None
     states = dict(zip(layers, run_layers(lm, layers, ids=ids.to(lm.device), cache=cache)))
     dtype = taps[0].lm.dtype  # `lm` may be a lower-precision copy of the taps' LM (LM.copy_in)
     states = {layer: h.to(dtype) for layer, h in states.items()}
