@@ -1,4 +1,4 @@
-"""KV caches holding only the layers a tap's blocks write (LM.new_cache(blocks), since the commit after 085b767;
+"""KV caches holding only the layers a tap's blocks write (LM.new_cache(blocks), since 9579b4d;
 SmolLM2 layer 1: 1 of 30, and every cache helper copies each layer) against all of them, alternating in one process
 (common.alternate).
 
