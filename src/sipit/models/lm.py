@@ -205,14 +205,14 @@ class LM:
     def new_cache(self, blocks: int | None = None):
         """An empty KV cache for a forward pass: transformers' DynamicCache with a plain layer per block,
         sliding-window blocks included; of the first `blocks` only where no pass through it goes higher (a
-        tap's: every cache helper then copies fewer layers; SmolLM2 at layer 1, 1 of 30: one prompt 3.06 ->
-        2.94 × the forward, docs/results/invert/cache_layers_ab.py). A sliding layer keeps only the last
-        window − 1 positions, and a prefix past the window could then be neither cropped nor grown from a pass (SipIt failed on
-        Gemma-3 prompts over 511 tokens); kept whole, the window is still applied by the attention
-        mask, which transformers builds from the config, as in the cache-free forward that captures
-        states. Copied from one built once (building reads the config per layer: 0.47 ms for SmolLM2, a
-        copy 0.03 ms, and every speculation pass paid it). The template's layers hold no cached tensors
-        yet, and a layer's update rebinds its keys and values, so shallow copies are independent caches."""
+        tap's: every cache helper then copies fewer layers; SmolLM2 at layer 1, 1 of 30: one prompt 2.93 ->
+        2.79 × the forward, docs/results/invert/cache_layers_ab.txt). A sliding layer keeps only the last
+        window − 1 positions, and a prefix past the window could then be neither cropped nor grown from a
+        pass (SipIt failed on Gemma-3 prompts over 511 tokens); kept whole, the window is still applied by
+        the attention mask, which transformers builds from the config, as in the cache-free forward that
+        captures states. Copied from one built once (building reads the config per layer: 0.47 ms for
+        SmolLM2, a copy 0.03 ms, and every speculation pass paid it). The template's layers hold no cached
+        tensors yet, and a layer's update rebinds its keys and values, so shallow copies are independent caches."""
         if self._empty_cache is None:
             from transformers import DynamicCache
             from transformers.cache_utils import DynamicLayer

@@ -353,7 +353,8 @@ class LayerTap:
             at += rows.numel()
         cache = mask = None
         if self.layer > 0:
-            cache = _joined([p.cache for _, p in segments.values() if p.cache is not None]) if S else self.lm.new_cache(self.blocks_read)
+            cached = [p.cache for _, p in segments.values() if p.cache is not None]
+            cache = _joined(cached) if S else self.lm.new_cache(self.blocks_read)
             allowed = torch.cat([own, see], 1).to(dev)[None, None]  # [1, 1, N, S + N]
             mask = torch.zeros(allowed.shape, dtype=self.lm.dtype, device=dev).masked_fill_(
                 ~allowed, torch.finfo(self.lm.dtype).min)  # additive: eager and sdpa attention alike
