@@ -13,7 +13,7 @@ import torch
 
 from ..policies import Policy
 from .config import learned_config
-from .fit import load_or_calibrate
+from .fit import load_or_calibrate, observes_plain_states
 from .ranker import LinearRanker
 
 GROUP = 32  # prompts per product in begin_many (bounds the [GROUP, V] float64 temporaries)
@@ -117,7 +117,7 @@ class Learned(Policy):
         numbers: SmolLM2 at layer 15, half a forward of the prefix); otherwise the prefix's ids run
         through the whole model."""
         lm = self.tap.lm
-        if getattr(self.tap, "plain_states", False) and not self.tap.final_norm:
+        if observes_plain_states(self.tap) and not self.tap.final_norm:
             logp = lm.next_token_logprobs_from(self.tap.layer, self.target[:len(ids)])  # [t, V] or None
         else:
             logp = lm.next_token_logprobs(ids)
