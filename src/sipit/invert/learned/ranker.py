@@ -37,9 +37,11 @@ def against(x: Tensor, table: Tensor) -> Tensor:
 def row_dots(table: Tensor, ids: Tensor, x: Tensor, rows: int = 16) -> Tensor:
     """table[ids[i, j]] · x[i] for ids [n, m] and x [n, k]: [n, m]. In blocks of `rows`, so that each gathered
     [rows, m, k] block is read back from cache (a lock-step batch's guesses, SmolLM2 layer 15, 608 × 64 rows of
-    the LM head: 38.7 ms gathered at once, 19 ms in blocks of 16)."""
-    return torch.cat([(table[i] @ v[:, :, None])[..., 0] for i, v in zip(ids.split(rows), x.split(rows))]) \
-        if len(ids) else x.new_zeros(ids.shape)
+    the LM head: 38.7 ms gathered at once, 19 ms in blocks of 16), gathered by index_select (the same rows,
+    twice as fast as table[ids] on this project's CPU: 608 × 64 rows of [49,152, 576], 26 → 12 ms)."""
+    k = table.shape[1]
+    return torch.cat([(table.index_select(0, i.reshape(-1)).view(*i.shape, k) @ v[:, :, None])[..., 0]
+                      for i, v in zip(ids.split(rows), x.split(rows))]) if len(ids) else x.new_zeros(ids.shape)
 
 
 class LinearRanker:
@@ -108,7 +110,8 @@ class LinearRanker:
         # ‖Π(x_v − y)‖² ≤ ‖x_v − y‖², less the slack: one fused float32 product, then in place  [B, V]
         dist = (self.t_lower + (self.t_keep * q_sq).float()).addmm_(q, self.t_proj_T, alpha=-2).clamp_min_(0).sqrt_()
         top = dist.topk(min(self.screen_top, dist.shape[1]), dim=1, largest=False).indices  # [B, m]
-        exact = (c.table[top].double() - Y.double()[:, None]).norm(dim=2)  # [B, m]
+        rows = c.table.index_select(0, top.flatten()).view(*top.shape, -1)  # [B, m, d] (as row_dots)
+        exact = (rows.double() - Y.double()[:, None]).norm(dim=2)  # [B, m]
         rel = dist.scatter_(1, top, exact.float()).div_(Y.double().norm(dim=1, keepdim=True).clamp_min(1e-30).float())
         # ‖x̃ − x‖ ≤ e‖x‖ ≤ e(‖ĥ‖ + ‖x − ĥ‖)  =>  d ≥ (d̃ − e)/(1 + e); d̃ ≥ rel·(1 − 2⁻²¹): float32 roundings
         e = self.table_err
