@@ -12,7 +12,8 @@ output of block ℓ (1-based). `final_norm=True` applies the model's final norm 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -76,7 +77,15 @@ class Prefix:
     """A verified prefix: its ids [T] and the KV cache of the blocks below the tap's layer."""
 
     ids: Tensor
-    cache: object  # transformers Cache with batch size 1, or None for an empty prefix / layer 0
+    made: object = None  # transformers Cache with batch size 1, or None for an empty prefix / layer 0 ...
+    make: Callable[[], object] | None = field(default=None, repr=False)  # ... or what copies it out of a pass's
+    #     batched cache on first use (a pass's grown prefixes: most are never extended, e.g. a prompt's last)
+
+    @property
+    def cache(self):
+        if self.make is not None:
+            self.made, self.make = self.make(), None  # (drops the pass's cache with the closure)
+        return self.made
 
     @property
     def length(self) -> int:
@@ -293,7 +302,9 @@ class LayerTap:
 
         def grown(b: int, n: int) -> Prefix:
             new_ids = torch.cat([prefix.ids, ids[b, :n]])
-            return Prefix(new_ids, _select(cache, b, [(0, len(new_ids))]) if cache is not None and len(new_ids) else None)
+            if cache is None or len(new_ids) == 0:
+                return Prefix(new_ids, None)
+            return Prefix(new_ids, make=lambda: _select(cache, b, [(0, len(new_ids))]))
         return states, grown
 
     @torch.no_grad()
@@ -367,7 +378,7 @@ class LayerTap:
                 if cache is None or len(new_ids) == 0:
                     return Prefix(new_ids, None)
                 prefix_span = (segments[id(prefix)][0], prefix.length)
-                return Prefix(new_ids, _select(cache, 0, [prefix_span, (first + b * rows.shape[1], m)]))
+                return Prefix(new_ids, make=lambda: _select(cache, 0, [prefix_span, (first + b * rows.shape[1], m)]))
             results.append((states[at:at + n * k].view(n, k, -1), grown))
             at += n * k
         return results
@@ -405,7 +416,7 @@ class LayerTap:
                 new_ids = torch.cat([prefix.ids, rows[b, :m].to(dev)])
                 if cache is None or len(new_ids) == 0:
                     return Prefix(new_ids, None)
-                return Prefix(new_ids, _select(cache, r + b, [(0, t), (P, m)]))
+                return Prefix(new_ids, make=lambda: _select(cache, r + b, [(0, t), (P, m)]))
             results.append((states[r:r + n, :rows.shape[1]], grown))
             r += n
         return results
