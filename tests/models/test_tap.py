@@ -36,6 +36,25 @@ def test_extend_many_equals_each_extend_alone(tiny_lm, which, attention):
             assert torch.allclose(tap.extend(grown_prefix, nxt), full, rtol=1e-5, atol=1e-5 * float(full.abs().max()))
 
 
+
+@pytest.mark.parametrize("layout", ["flat", "padded"])
+def test_grown_prefix_copies_its_cache_when_first_extended(tiny_lm, layout):
+    """A grown prefix holds no cache of its own until extended (Prefix.make), and one extended after other
+    passes ran (a lock-step batch's) continues like a fresh forward all the same."""
+    tap = LayerTap(tiny_lm, 2)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, tiny_lm.vocab_size, (9,), generator=g)
+    rows = torch.randint(0, tiny_lm.vocab_size, (3, 4), generator=g)
+    _, grown = tap.extend(tap.prefill(ids[:5]), rows, keep=True, layout=layout)
+    later = [grown(b, 2 + b) for b in range(3)]
+    assert all(p.make is not None and p.made is None for p in later)
+    tap.extend(tap.prefill(ids[:3]), rows, layout=layout)  # another pass before they are extended
+    for prefix in later:
+        nxt = torch.randint(0, tiny_lm.vocab_size, (2, 2), generator=g)
+        full = tap.states(torch.cat([prefix.ids.expand(2, -1), nxt], 1))[:, -2:]
+        assert torch.allclose(tap.extend(prefix, nxt), full, rtol=1e-5, atol=1e-5 * float(full.abs().max()))
+        assert prefix.make is None  # copied once, the pass's cache released
+
 def test_pack_chooses_passes_and_layouts_by_cost():
     """Rows of one length on empty prefixes share one padded pass (flat would pay attention between all
     of them); rows of many lengths go flat instead of padding short rows to a long one; max_tokens
