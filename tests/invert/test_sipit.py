@@ -414,6 +414,19 @@ def test_certify_top_k_gives_every_position_a_margin(lm):
         assert q.margin > 100 * r.eps and q.margin_over >= 40 and not q.certified
 
 
+
+def test_certificates_in_a_lock_step_batch_equal_alone(lm):
+    """A prompt's certificate evaluations (top:K, every position on its part of the recovered prefix's cache)
+    go to the lock-step driver like its searches: the same tokens evaluated, margins and statuses as alone."""
+    ids, states = capture(lm, TEXT, 2)
+    engine = SipIt(lm, 2, InvertConfig(certify="top:40", **FAST), eps=1e-4)
+    together = engine.invert_prompts(list(states))
+    for a, b in zip(together, [engine.invert_prompt(s) for s in states]):
+        assert a.ids == b.ids and a.status == b.status
+        assert [(q.tried, q.margin_over, q.certified) for q in a.positions] == [(q.tried, q.margin_over, q.certified)
+                                                                              for q in b.positions]
+        assert [q.margin for q in a.positions] == pytest.approx([q.margin for q in b.positions], rel=1e-4)
+
 def test_certify_full_certifies_every_position(lm):
     ids, states = capture(lm, TEXT[:1], 2, n=6)
     for policy in ("learned", "exhaustive"):

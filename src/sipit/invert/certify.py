@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..models.tap import Prefix
 from .config import certify_top
 from .result import Position
 from .verify import duplicate_classes, near_duplicates, rel_distance
@@ -29,16 +30,32 @@ class Certifier:
 
     def certify(self, target: Tensor, ids: Tensor, positions: list[Position], evaluated: dict, cost: dict,
                 policy=None) -> None:
-        """Fill the certificate of every accepted position. target [T, dim]; ids [T] recovered;
-        evaluated: t -> {id: distance} already known (updated); cost: forward_tokens / tap_calls (updated)."""
-        V = self.lm.vocab_size
+        """Fill the certificate of every accepted position, evaluating what it needs here (passes of up to
+        batch_size candidates, any positions each; SipIt's loop asks its driver instead). target [T, dim];
+        ids [T] recovered; evaluated: t -> {id: distance} already known (updated); cost: forward_tokens /
+        tap_calls (updated)."""
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.lm.device)
+        prefix = Prefix(ids, make=lambda: self.tap.prefill(ids).cache)  # (run only if something is evaluated)
+        rows = self.tap.rows_that_fit(len(ids) + 1, self.batch_size)
+        for part in chunks(self.wanted(prefix, positions, evaluated, policy), rows):
+            answers = self.tap.extend_many([(prefix.crop(t), c[:, None].to(self.lm.device)) for t, c in part], rows)
+            self.record(target, part, [h[:, 0] for h, _ in answers], positions, evaluated)
+            cost["forward_tokens"] += sum(len(c) for _, c in part)
+            cost["tap_calls"] += 1
+        self.fill(positions, evaluated, policy)
+
+    def wanted(self, prefix, positions: list[Position], evaluated: dict, policy=None) -> list[tuple[int, Tensor]]:
+        """What the certificates still need evaluated: (t, candidate ids [n]) for each accepted position with
+        any: the token's near-duplicates, the tokens the policy's lower bounds cannot exclude, and with
+        certify="top:K" the policy's K best (less what was evaluated already). prefix: the recovered prefix
+        (Prefix; the policy ranks position t on prefix.crop(t))."""
+        V, out = self.lm.vocab_size, []
         for t, q in enumerate(positions):
             if q.token is None:
                 continue
             known = evaluated.setdefault(t, {})
             bounds = policy.lower_bounds(t) if policy is not None else None
             if bounds is None and not self.top and q.token not in self.near:  # nothing more to evaluate
-                self.certificate(q, known, None)
                 continue
             skip = torch.zeros(V, dtype=torch.bool)
             skip[self.dups.members(q.token) + list(known)] = True
@@ -50,20 +67,30 @@ class Certifier:
                 open_ = (~skip).nonzero().flatten()
                 extra.append(open_[bounds[open_].argsort()[:BOUND_CHECK_MAX]])
             if self.top:
-                ranked = policy.candidates(t, self.tap.prefill(ids[:t])) if policy is not None else iter(())
+                ranked = policy.candidates(t, prefix.crop(t)) if policy is not None else iter(())
                 queue = Queue(ranked, skip.clone())
                 extra += list(iter(lambda: queue.take(self.top - queue.taken), None))
             cand = torch.cat(extra)
             cand = cand[~skip[cand]].unique()
             if len(cand):
-                prefix = self.tap.prefill(ids[:t])
-                for batch in cand.split(self.tap.rows_that_fit(t + 1, self.batch_size)):
-                    h = self.tap.extend(prefix, batch[:, None].to(self.lm.device))[:, 0]
-                    known.update(zip(batch.tolist(), rel_distance(h, target[t]).cpu().tolist()))
-                    cost["forward_tokens"] += len(batch)
-                    cost["tap_calls"] += 1
-                q.tried += len(cand)
-            self.certificate(q, known, bounds)
+                out.append((t, cand))
+        return out
+
+    @staticmethod
+    def record(target: Tensor, wanted: list[tuple[int, Tensor]], states: list[Tensor], positions: list[Position],
+               evaluated: dict) -> None:
+        """The distances of `wanted`'s candidates from their states [n, dim] each (same order) into evaluated."""
+        for (t, cand), h in zip(wanted, states):
+            evaluated[t].update(zip(cand.tolist(), rel_distance(h, target[t]).cpu().tolist()))
+            positions[t].tried += len(cand)
+
+    def fill(self, positions: list[Position], evaluated: dict, policy=None) -> None:
+        """The certificate of every accepted position from the distances evaluated there and the policy's
+        lower bounds."""
+        for t, q in enumerate(positions):
+            if q.token is not None:
+                bounds = policy.lower_bounds(t) if policy is not None else None
+                self.certificate(q, evaluated.setdefault(t, {}), bounds.cpu() if bounds is not None else None)
 
     def certificate(self, q: Position, evaluated: dict[int, float], bounds: Tensor | None) -> None:
         """margin, margin_over, certified(_by), duplicates, also_within_eps of an accepted position from
@@ -106,6 +133,20 @@ class Certifier:
         closest = torch.full((len(classes),), torch.inf, dtype=torch.float64).scatter_reduce_(
             0, which, torch.tensor(list(distances.values()), dtype=torch.float64), "amin")
         return classes, closest
+
+
+def chunks(wanted: list[tuple[int, Tensor]], rows: int) -> list[list[tuple[int, Tensor]]]:
+    """Certifier.wanted's (t, candidates [n]) in parts of at most `rows` candidates in all (one pass each: the
+    states of a whole vocabulary at every position would not fit in memory)."""
+    out, space = [], 0
+    for t, cand in wanted:
+        while len(cand):
+            if space == 0:
+                out.append([])
+                space = rows
+            out[-1].append((t, cand[:space]))
+            cand, space = cand[space:], space - len(cand[:space])
+    return out
 
 
 class Queue:

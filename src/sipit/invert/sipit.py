@@ -46,7 +46,7 @@ from torch import Tensor
 
 from ..models import LM, LayerTap
 from ..models.device import sync
-from .certify import Certifier, Queue
+from .certify import Certifier, Queue, chunks
 from .config import InvertConfig, batch_size_for, speculate_tokens_for
 from .result import Position, PromptResult, judge
 from .verify import rel_distance
@@ -80,12 +80,12 @@ class _Run:
 
 @dataclass
 class _Pass:
-    """A forward pass the loop asks its driver for: groups of candidate rows [B_i, k_i] appended to
-    one verified prefix. The driver answers with one (states [B_i, k_i, dim], grown(b, n) -> Prefix)
-    per group; groups of different lengths need not be padded to one another (tap.extend_many)."""
+    """A forward pass the loop asks its driver for: groups of candidate rows [B_i, k_i], each appended to
+    a verified prefix (one prefix for a search's groups; a certificate's differ). The driver answers with
+    one (states [B_i, k_i, dim], grown(b, n) -> Prefix) per group; groups of different lengths or
+    prefixes need not be padded to one another (tap.extend_many)."""
 
-    prefix: object
-    rows: list[Tensor]
+    requests: list[tuple[object, Tensor]]  # (prefix, rows [B_i, k_i])
 
 
 SETTLE = "settle"  # what a loop yields to have its policy's deferred work done with the batch's
@@ -158,17 +158,17 @@ class SipIt:
                     self._resume(i, runs[i], loops[i], None, asks, results)
                 continue
             waiting = list(asks.items())
-            longest = max(p.prefix.length for _, p in waiting)  # (a pass's tokens each hold a prefix's cache)
+            requests = [r for _, p in waiting for r in p.requests]
+            longest = max(prefix.length for prefix, _ in requests)  # (a pass's tokens each hold a prefix's cache)
             t = time.perf_counter()
-            served = iter(self.tap.extend_many([(p.prefix, rows) for _, p in waiting for rows in p.rows],
-                                               self.tap.rows_that_fit(longest + 1, self.config.pass_tokens)))
+            served = iter(self.tap.extend_many(requests, self.tap.rows_that_fit(longest + 1, self.config.pass_tokens)))
             sync(self.lm.device)  # a GPU pass's time is the pass's, not the first reader's (pass_seconds)
-            share = (time.perf_counter() - t) / sum(rows.numel() for _, p in waiting for rows in p.rows)
+            share = (time.perf_counter() - t) / sum(rows.numel() for _, rows in requests)
             for i, p in waiting:
-                spent = share * sum(rows.numel() for rows in p.rows)
+                spent = share * sum(rows.numel() for _, rows in p.requests)
                 runs[i].seconds += spent
                 runs[i].cost["pass_seconds"] += spent
-                self._resume(i, runs[i], loops[i], [next(served) for _ in p.rows], asks, results)
+                self._resume(i, runs[i], loops[i], [next(served) for _ in p.requests], asks, results)
         return results
 
     @staticmethod
@@ -228,8 +228,14 @@ class SipIt:
                        f"no token within eps={self.eps:g} at position {t} (best relative distance {q.distance:.3g}); "
                        "wrong model, layer, norm setting, or not a state of a token sequence?")
                 break
-        # the verified positions (all, or those before a failure) get their certificates
-        self.certifier.certify(run.target, prefix.ids, positions, run.evaluated, run.cost, policy)
+        # the verified positions (all, or those before a failure) get their certificates: what they still need
+        # evaluated goes in requests of a pass each, every position on its part of the recovered prefix's cache
+        wanted = self.certifier.wanted(prefix, positions, run.evaluated, policy)
+        for part in chunks(wanted, self.tap.rows_that_fit(prefix.length + 1, self.config.pass_tokens)):
+            rows = [(prefix.crop(t), c[:, None].to(self.lm.device)) for t, c in part]
+            answers = yield from self._extend_many(run, rows)
+            self.certifier.record(run.target, part, [h[:, 0] for h, _ in answers], positions, run.evaluated)
+        self.certifier.fill(positions, run.evaluated, policy)
         near = [s for s, q in enumerate(positions[:-1]) if q.also_within_eps]
         if no_match and near:  # a wrong but within-ε token earlier explains the failure too
             why += (f" Or the prefix is not the prompt's: other tokens were also within eps at positions {near}, "
@@ -276,11 +282,15 @@ class SipIt:
     # -- the two kinds of forward pass ---------------------------------------------------------
 
     def _extend(self, run: _Run, prefix, *rows: Tensor):
-        """rows [B_i, k_i] each -> one (states [B_i, k_i, dim], grown(b, n) -> Prefix) per group, from the
-        driver (a generator step)."""
-        run.cost["forward_tokens"] += sum(r.numel() for r in rows)
+        """rows [B_i, k_i] each, on the prefix -> one (states [B_i, k_i, dim], grown(b, n) -> Prefix) per
+        group, from the driver (a generator step)."""
+        return (yield from self._extend_many(run, [(prefix, r) for r in rows]))
+
+    def _extend_many(self, run: _Run, requests: list):
+        """(prefix, rows [B_i, k_i]) each -> `_extend`'s answers, in one request to the driver."""
+        run.cost["forward_tokens"] += sum(r.numel() for _, r in requests)
         run.cost["tap_calls"] += 1
-        return (yield _Pass(prefix, list(rows)))
+        return (yield _Pass(requests))
 
     def _speculate(self, run: _Run, prefix, guess: Tensor):
         """Verify guessed ids [k] for positions t.. in one pass; accept the leading matches.

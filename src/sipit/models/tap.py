@@ -93,8 +93,10 @@ class Prefix:
 
     def crop(self, t: int) -> "Prefix":
         """The prefix of the first t tokens (a view; the original stays valid)."""
-        if self.cache is None or t == self.length:
-            return Prefix(self.ids[:t], self.cache if t else None)
+        if t == self.length:
+            return self
+        if t == 0 or self.cache is None:  # (t = 0 leaves a lazy cache unmade)
+            return Prefix(self.ids[:t], None)
         cache = copy.copy(self.cache)
         cache.layers = []
         for layer in self.cache.layers:
