@@ -32,8 +32,8 @@ def test_fast_calibration_inverts_as_the_default_does(lm, cache, last):
 
 def test_prefix_lm_is_the_whole_models_prediction_and_only_for_text_like_prefixes(lm, cache):
     """_prefix_lm(ids) = log_softmax of the model's logits after ids (read off the prompt's observed states by
-    the blocks above the tap); None for a prefix the LM finds less likely than chance (each token its least
-    likely) and for a model loaded up to the tap's layer."""
+    the blocks above the tap, which also give the later positions' at no further cost); None for a prefix the LM
+    finds less likely than chance (each token its least likely) and for a model loaded up to the tap's layer."""
     engine = SipIt(lm, 1, InvertConfig(learned=FAST))
     policy, cost = engine.policy, dict(forward_tokens=0, backward_tokens=0, tap_calls=0)
     likely, unlikely = [5], [5]
@@ -41,14 +41,15 @@ def test_prefix_lm_is_the_whole_models_prediction_and_only_for_text_like_prefixe
         likely.append(int(lm.next_token_logprobs(torch.tensor(likely))[-1].argmax()))
         unlikely.append(int(lm.next_token_logprobs(torch.tensor(unlikely))[-1].argmin()))
     policy.begin(LayerTap(lm, 1).states(torch.tensor(likely)), cost)
-    logp = policy._prefix_lm(torch.tensor(likely))
     with torch.no_grad():
-        expected = torch.log_softmax(lm.model(input_ids=torch.tensor([likely])).logits[0, -1].float(), -1)
-    assert torch.allclose(logp, expected, atol=1e-5)
-    assert policy._prefix_lm(torch.tensor([5])) is not None  # one token: nothing to judge yet
+        expected = torch.log_softmax(lm.model(input_ids=torch.tensor([likely])).logits[0].float(), -1)  # [7, V]
+    assert torch.allclose(policy._prefix_lm(torch.tensor(likely[:3])), expected[2], atol=1e-5)  # all 7 run
+    assert torch.allclose(policy._prefix_lm(torch.tensor(likely)), expected[-1], atol=1e-5)  # (kept: no run)
+    assert cost["forward_tokens"] == 7 and cost["tap_calls"] == 1
+    assert policy._prefix_lm(torch.tensor([5])) is not None  # one token: nothing to judge yet (an earlier row: runs)
     policy.begin(LayerTap(lm, 1).states(torch.tensor(unlikely)), cost)
     assert policy._prefix_lm(torch.tensor(unlikely)) is None
-    assert cost["forward_tokens"] == 7 + 1 + 7 and cost["tap_calls"] == 3
+    assert cost["forward_tokens"] == 7 + 7 + 7 and cost["tap_calls"] == 3
     truncated = copy.copy(lm)
     truncated.full_layers = lm.n_layers + 2  # as load_model(..., max_layer=n_layers) of a deeper model
     assert truncated.next_token_logprobs(torch.tensor(likely)) is None

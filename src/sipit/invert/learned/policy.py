@@ -17,6 +17,7 @@ from .fit import load_or_calibrate, observes_plain_states
 from .ranker import LinearRanker
 
 GROUP = 32  # prompts per product in begin_many (bounds the [GROUP, V] float64 temporaries)
+LM_AHEAD = 32  # positions past the asked one whose LM log-probs one run of the blocks above the tap keeps
 
 
 class Learned(Policy):
@@ -49,6 +50,7 @@ class Learned(Policy):
                 p.revisions = []  # not yet applied to p.guess: (t, ids [k], states [k, d])
                 p.search = None  # the position whose search's first ranking is deferred (prepare)
                 p.first = None  # (t, its first ranking's scores), settled
+                p.lm_rows = None  # _prefix_lm's: (first row, log p of the tokens before it [first], rows first.. [n, V])
         return into
 
     def guesses(self, t, ids):
@@ -112,22 +114,41 @@ class Learned(Policy):
         """The LM's next-token log-probs after the verified prefix ids [t] ([V]), or None when the
         prefix does not read as text: the LM predicts its tokens no better than chance (mean
         log p ≤ −log V; random ids score far below it). With one token there is nothing to judge
-        yet: used. Only at positions the ranker's first two batches missed: where the tap observes
-        the residual stream, the blocks above it run on the observed states of the prefix (the same
-        numbers: SmolLM2 at layer 15, half a forward of the prefix); otherwise the prefix's ids run
-        through the whole model."""
-        lm = self.tap.lm
-        if observes_plain_states(self.tap) and not self.tap.final_norm:
-            logp = lm.next_token_logprobs_from(self.tap.layer, self.target[:len(ids)])  # [t, V] or None
-        else:
-            logp = lm.next_token_logprobs(ids)
-        if logp is None:
-            return None
-        self.cost["forward_tokens"] += len(ids)  # (through the blocks above the tap, or every block)
+        yet: used. Only at positions the ranker's first two batches missed, and for certificates' rankings
+        (certify="top:K"). Where the tap observes the residual stream, the blocks above it run on the
+        observed states of the prefix (the same numbers: SmolLM2 at layer 15, half a forward of the prefix),
+        and of the next LM_AHEAD positions too, kept for later positions (each row reads only its own
+        prefix: a 20-token prompt's certificates then run them once, not at every position); otherwise the
+        prefix's ids run through the whole model."""
+        t, lm = len(ids), self.tap.lm
+        if not (observes_plain_states(self.tap) and not self.tap.final_norm):
+            logp = lm.next_token_logprobs(ids)  # [t, V] or None
+            if logp is None:
+                return None
+            self._count_lm(t)
+            return self._if_text(logp[:-1].gather(1, ids[1:, None].to(logp.device))[:, 0], logp[-1])
+        start, known, ahead = self.lm_rows or (0, None, self.target.new_zeros(0, 0))
+        if not start <= t - 1 < start + len(ahead):
+            logp = lm.next_token_logprobs_from(self.tap.layer, self.target[:min(len(self.target), t + LM_AHEAD)])
+            if logp is None:
+                return None
+            self._count_lm(len(logp))
+            known = logp[:t - 1].gather(1, ids[1:, None].to(logp.device))[:, 0]  # [t - 1]
+            start, ahead = t - 1, logp[t - 1:].clone()  # (rows t - 1.. only: the rest freed)
+            self.lm_rows = (start, known, ahead)
+        seen = torch.cat([known, ahead[:t - 1 - start].gather(1, ids[start + 1:, None].to(ahead.device))[:, 0]])
+        return self._if_text(seen, ahead[t - 1 - start])
+
+    def _count_lm(self, tokens: int) -> None:
+        self.cost["forward_tokens"] += tokens  # (through the blocks above the tap, or every block)
         self.cost["tap_calls"] += 1
-        if len(ids) > 1 and float(logp[:-1].gather(1, ids[1:, None].to(logp.device)).mean()) <= -math.log(self.V):
+
+    def _if_text(self, seen, logp):
+        """logp [V] (moved to the target's device) where the prefix reads as text by seen [t − 1], the
+        log-probs of its own tokens after their prefixes; else None."""
+        if len(seen) and float(seen.mean()) <= -math.log(self.V):
             return None
-        return logp[-1].to(self.target.device)
+        return logp.to(self.target.device)
 
     def _anchors(self, t):
         seen = self.anchors.get(t, [])
