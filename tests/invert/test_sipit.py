@@ -427,6 +427,16 @@ def test_certificates_in_a_lock_step_batch_equal_alone(lm):
                                                                               for q in b.positions]
         assert [q.margin for q in a.positions] == pytest.approx([q.margin for q in b.positions], rel=1e-4)
 
+def test_certificate_candidates_are_packed_into_passes_of_at_most_rows():
+    """Positions' candidates fill each pass up to `rows` (a position may span two), in order, none lost."""
+    from sipit.invert.certify import chunks
+
+    wanted = [(0, torch.arange(5)), (3, torch.arange(10, 17)), (4, torch.arange(20, 22))]
+    parts = chunks(wanted, 4)
+    assert [sum(len(c) for _, c in p) for p in parts] == [4, 4, 4, 2] and chunks([], 4) == []
+    assert [(t, i) for p in parts for t, c in p for i in c.tolist()] == [(t, i) for t, c in wanted for i in c.tolist()]
+
+
 def test_certify_full_certifies_every_position(lm):
     ids, states = capture(lm, TEXT[:1], 2, n=6)
     for policy in ("learned", "exhaustive"):

@@ -144,8 +144,9 @@ def chunks(wanted: list[tuple[int, Tensor]], rows: int) -> list[list[tuple[int, 
             if space == 0:
                 out.append([])
                 space = rows
-            out[-1].append((t, cand[:space]))
-            cand, space = cand[space:], space - len(cand[:space])
+            piece, cand = cand[:space], cand[space:]
+            out[-1].append((t, piece))
+            space -= len(piece)
     return out
 
 
