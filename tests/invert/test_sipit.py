@@ -3,6 +3,7 @@
 States are always captured by one ordinary full forward pass (LayerTap.states on the whole prompt),
 never by the incremental path the inversion itself uses.
 """
+import importlib
 import math
 import time
 
@@ -378,6 +379,7 @@ def test_cli_invert_roundtrip_and_failures(tmp_path, capsys):
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert summary["exact_match_rate"] == 1.0 and summary["layer"] == 2
     assert summary["tolerance"]["source"] == "measured" and summary["certify"] == "none"
+    assert main(["invert", str(states), "-q", "--no-draft", "-o", str(out)]) == 0  # (float32 searches only)
     assert main(["invert", str(states), "-q", "--certify", "full", "-o", str(out)]) == 0
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert summary["certify"] == "full" and summary["certified_positions_pct"] == 100.0
@@ -435,6 +437,26 @@ def test_certificate_candidates_are_packed_into_passes_of_at_most_rows():
     parts = chunks(wanted, 4)
     assert [sum(len(c) for _, c in p) for p in parts] == [4, 4, 4, 2] and chunks([], 4) == []
     assert [(t, i) for p in parts for t, c in p for i in c.tolist()] == [(t, i) for t, c in wanted for i in c.tolist()]
+
+
+@pytest.mark.parametrize("near", [0.1, -1.0])
+def test_drafted_searches_find_what_plain_ones_find(lm, monkeypatch, near):
+    """Deep searches (the random policy) with their wide batches screened by a bfloat16 draft: the same ids and
+    statuses as without; with nothing near (DRAFT_NEAR < 0) every candidate is still verified, the draft's far
+    ones last, so nothing is lost."""
+    sipit_module = importlib.import_module("sipit.invert.sipit")
+    monkeypatch.setattr(sipit_module, "DRAFT_FROM", 64)
+    monkeypatch.setattr(sipit_module, "DRAFT_NEAR", near)
+    ids, states = capture(lm, TEXT, 2, n=6)
+    results = {}
+    for draft in (False, True):
+        engine = SipIt(lm, 2, InvertConfig(policy="random", speculate=False, draft=draft, **FAST), eps=1e-4)
+        results[draft] = [engine.invert_prompt(s, p.tolist()) for s, p in zip(states, ids)]
+        assert (engine._draft is not None) == draft
+    for plain, drafted in zip(results[False], results[True]):
+        assert drafted.exact and drafted.status == plain.status == "ok" and drafted.ids == plain.ids
+        if near < 0:  # every batch of DRAFT_FROM or more goes to the far ones, verified once the rest are
+            assert all(a.tried >= b.tried for a, b in zip(drafted.positions, plain.positions))
 
 
 def test_certify_full_certifies_every_position(lm):

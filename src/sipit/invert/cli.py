@@ -91,7 +91,7 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
             raise SipitError(f"--batch-prompts must be at least 1, got {args.batch_prompts}")
         config = InvertConfig(batch_size=batch_size_for(args, lm.device), eps=args.eps, observation_error=error,
                               certify=args.certify, learned=calibration_config(args.calibration),
-                              batch_prompts=args.batch_prompts)
+                              batch_prompts=args.batch_prompts, draft=args.draft)
     with open(path, "rb") as f:
         key = hashlib.file_digest(f, "sha256")
     key.update(repr((lm.fingerprint, tap.key, args.policy, config, args.noise, args.seed, args.max_seconds)).encode())
@@ -270,6 +270,10 @@ def add_invert_parser(sub) -> None:
                    help="candidates per forward pass when searching a position (default 256 on a CPU, 4096 on a GPU)")
     s.add_argument("--batch-prompts", type=int, default=32,
                    help="prompts inverted together in lock-step, one forward pass serving them all (1: one at a time)")
+    s.add_argument("--draft", default=None, action=argparse.BooleanOptionalAction,
+                   help="screen a deep search's wide batches with a bfloat16 copy of a float32 model, verifying only the "
+                        "candidates it finds near (the rest last, if nothing matched) (default: on a CPU with native "
+                        "bfloat16)")
     s.add_argument("--max-seconds", type=float, default=None,
                    help="cap on each prompt's seconds (in a lock-step batch: its share of the shared passes plus its "
                         "own work); a capped prompt is reported failed with what it finished")

@@ -18,7 +18,9 @@ Two things make it fast:
   followed by the guessed continuation, so the pass that fixes position t also verifies what
   follows. Later batches (candidates only) follow the policy's ranking and then, if it runs out,
   the rest of the vocabulary: a position is declared failed only after every token was tried
-  (or certified impossible by the policy's lower bounds).
+  (or certified impossible by the policy's lower bounds). A deep search's wide batches go through a
+  bfloat16 draft of the model first (`draft`), and only the candidates it puts near the observation
+  through the model; the others are verified last, if nothing else matched.
 
 After recovery every accepted position gets its certificate (verify.py): the tokens most likely to
 collide — near-duplicate embedding rows, tokens a lower bound cannot exclude — are always
@@ -50,6 +52,17 @@ from .certify import Certifier, Queue, chunks
 from .config import InvertConfig, batch_size_for, speculate_tokens_for
 from .result import Position, PromptResult, judge
 from .verify import rel_distance
+
+
+def _wants_draft(config: InvertConfig, tap) -> bool:
+    """Whether searches are drafted (InvertConfig.draft): only for plain layer states of a float32 model (a draft of
+    a model already in bfloat16 would be itself); by default on a CPU with native bfloat16 (not yet measured on a
+    GPU)."""
+    from ..models.device import screen_dtype
+
+    possible = type(tap) is LayerTap and not tap.final_norm and tap.lm.dtype == torch.float32 and tap.layer > 0
+    native = tap.lm.device.type == "cpu" and screen_dtype(tap.lm.device) == torch.bfloat16
+    return possible and (config.draft if config.draft is not None else native)
 
 
 @dataclass
@@ -89,6 +102,9 @@ class _Pass:
 
 
 SETTLE = "settle"  # what a loop yields to have its policy's deferred work done with the batch's
+DRAFT_FROM = 256  # candidates in a search batch from which the draft screens it (the CPU's batch: a search's third)
+DRAFT_NEAR = 0.1  # the draft's relative distance up to which a candidate goes on to the model (SmolLM2 layers 15 and
+#                   30, draft_pass.py: the true token 0.013-0.023, every other ≥ 0.26)
 
 
 @dataclass
@@ -115,6 +131,7 @@ class SipIt:
         self.config = replace(config, batch_size=batch_size_for(config, self.lm.device),
                               speculate_tokens=speculate_tokens_for(config, self.lm.device))
         self.certifier = Certifier(self.tap, self.eps, self.config.certify, self.config.batch_size)
+        self.drafts, self._draft = _wants_draft(self.config, self.tap), None  # (the draft tap: _draft_tap)
         self.policy = make_policy(self.config.policy, self.tap, self.config)
         self.name = self.policy.name
         self.guessed = self.wrong = 0  # guesses speculation rows verified, over every prompt so far; wrong ones
@@ -326,14 +343,28 @@ class SipIt:
         limit = cfg.max_candidates or V
         lookahead = continuation is not None and len(continuation) > 0 and cfg.lookahead_tokens > 0
         n_batches = 0
-        while len(evaluated) < limit and not run.capped():
-            if lookahead:
+        drafts, far = self.drafts, {}  # far: candidates the draft put far from the observation {id: its distance}
+        draft_prefix = []  # the prefix through the draft, made at the search's first drafted batch
+        while not run.capped():
+            left = limit - len(evaluated) - len(far)
+            if left <= 0:
+                batch = None
+            elif lookahead:
                 batch = queue.take(max(1, cfg.lookahead_tokens // (1 + len(continuation))))
             else:
-                batch = queue.take(min(fits, cfg.first_batch * 4 ** n_batches, limit - len(evaluated)))
+                batch = queue.take(min(fits, cfg.first_batch * 4 ** n_batches, left))
                 n_batches += 1
+            if batch is None and far:  # nothing near matched: the draft's far ones, nearest first, through the model
+                queue, drafts = Queue(iter([torch.tensor(sorted(far, key=far.get))]), torch.ones(V, dtype=torch.bool)), False
+                queue.seen[list(far)] = False
+                far = {}
+                continue
             if batch is None:
                 break
+            if drafts and not lookahead and len(batch) >= DRAFT_FROM:
+                batch = self._drafted(run, prefix, draft_prefix, batch, far)
+                if len(batch) == 0:
+                    continue
             if lookahead and run.in_batch:  # only the best carries the continuation: the rest share a
                 groups = [torch.cat([batch[:1], continuation.cpu()])[None], batch[1:, None]]  # pass of short rows
             elif lookahead:  # alone, one pass holds every row anyway (tap.pack): each carries the continuation
@@ -350,7 +381,7 @@ class SipIt:
             if len(passing):
                 b = int(passing[d[passing].argmin()])
                 h, grown, j = rows[b]
-                found = [Position(int(batch[b]), float(d[b]), None, 0, tried=len(evaluated),
+                found = [Position(int(batch[b]), float(d[b]), None, 0, tried=len(evaluated) + len(far),
                                   via="lookahead" if lookahead else "search")]
                 n, nxt = 1, {}
                 if h.shape[1] > 1:  # the row carried the continuation, computed on a verified prefix
@@ -367,4 +398,27 @@ class SipIt:
         best = min(evaluated.values(), default=float("inf"))
         if bounds is not None:  # certified lower bounds of the tokens never evaluated
             best = min(best, float(bounds.min()))
-        return _Search(prefix, [Position(None, best, None, 0, tried=len(evaluated), via="search")], {})
+        return _Search(prefix, [Position(None, best, None, 0, tried=len(evaluated) + len(far), via="search")], {})
+
+    def _drafted(self, run: _Run, prefix, draft_prefix: list, batch: Tensor, far: dict) -> Tensor:
+        """The candidates of batch [B] at t = prefix.length whose state through the bfloat16 draft lies within
+        DRAFT_NEAR of the observation (relative), nearest first; the others go into far {id: distance} and, as
+        anchors, to the policy. The draft's pass is the engine's own, outside any lock-step round (SmolLM2, 256
+        candidates: layer 15 67 vs 150 ms in float32, layer 30 141 vs 317 ms: draft_pass.py). draft_prefix: []
+        or [the prefix through the draft], kept by the search."""
+        draft, t = self._draft_tap(), prefix.length
+        if not draft_prefix:
+            draft_prefix.append(draft.prefill(prefix.ids))
+        h = draft.extend(draft_prefix[0], batch[:, None].to(draft.lm.device))[:, 0].float()  # [B, dim]
+        d = rel_distance(h, run.target[t].float()).cpu()  # [B]
+        near = d <= DRAFT_NEAR
+        far.update(zip(batch[~near].tolist(), d[~near].tolist()))
+        run.policy.observe(t, batch[~near], h[~near.to(h.device)])
+        return batch[near][d[near].argsort()]
+
+    def _draft_tap(self) -> LayerTap:
+        """The tap on a bfloat16 copy of the model, made at the first drafted batch (the copy costs half the
+        model's memory: only engines whose searches go deep pay it)."""
+        if self._draft is None:
+            self._draft = LayerTap(self.lm.copy_in(torch.bfloat16), self.tap.layer)
+        return self._draft
