@@ -457,6 +457,8 @@ def test_drafted_searches_find_what_plain_ones_find(lm, monkeypatch, near):
         assert drafted.exact and drafted.status == plain.status == "ok" and drafted.ids == plain.ids
         if near < 0:  # every batch of DRAFT_FROM or more goes to the far ones, verified once the rest are
             assert all(a.tried >= b.tried for a, b in zip(drafted.positions, plain.positions))
+    # where the truth is near, the far ones it passed count as drafted; where nothing is, all were verified after all
+    assert any(q.drafted for r in results[True] for q in r.positions) == (near > 0)
 
 
 def test_certify_full_certifies_every_position(lm):

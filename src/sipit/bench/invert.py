@@ -233,6 +233,8 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V, scored: int | None = 
                                                       for r, f in zip(res, fwd)), 3)),
         candidates_verified_per_position=round(sum(tried) / len(tried), 3),
         vocab_verified_pct=round(100 * sum(tried) / len(tried) / V, 5),
+        # of them, those only the bfloat16 draft evaluated, far from the observation (sipit.py: _drafted)
+        candidates_drafted_per_position=round(sum(q.drafted for q in positions) / len(tried), 3),
         candidates_scored_per_position=round(scored / len(positions), 1) if scored is not None else
         round(statistics.mean(_scored_per_position(name, V, r) for r in res), 1),
         forward_equivalents_per_prompt=round(statistics.mean(r.forward_equivalents * cfg.length / T for r in res), 3),

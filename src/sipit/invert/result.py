@@ -22,12 +22,13 @@ class Position:
     distance: float  # of the accepted token (or, if failed, the best candidate evaluated)
     margin: float | None  # smallest distance (evaluated or lower bound) of the other tokens covered
     margin_over: int  # how many other tokens (outside the token's class) the margin covers
-    tried: int  # candidates evaluated by a forward pass at this position
+    tried: int  # candidates evaluated by a forward pass at this position (the model's, or the draft's: drafted)
     via: str  # "speculation" | "lookahead" | "search" | "hardprompts"
     certified: bool = False  # margin covers every other token and margin > ε
     certified_by: str | None = None  # "evaluated" | "bound" | "evaluated+bound"
     duplicates: list[int] | None = None  # the token's class of identical embedding rows, if > 1
     also_within_eps: list[int] | None = None  # other (non-duplicate) tokens within ε: a near-collision
+    drafted: int = 0  # of `tried`, those only a bfloat16 draft of the model evaluated, far from the observation
 
 
 @dataclass
@@ -137,6 +138,7 @@ class InversionResult:
             seconds_per_prompt_mean=round(sum(secs) / len(secs), 4) if secs else None,
             calibration_seconds=round(self.calibration_seconds, 2),
             candidates_per_position=round(sum(tried) / max(len(tried), 1), 3),
+            drafted_per_position=round(sum(q.drafted for q in positions) / max(len(tried), 1), 3),
             vocab_explored_pct=round(100 * sum(tried) / max(len(tried), 1) / max(self.vocab_size, 1), 5),
             forward_equivalents_per_prompt=round(sum(p.forward_equivalents for p in P) / max(len(P), 1), 3),
             tap_calls_per_prompt=round(sum(p.tap_calls for p in P) / max(len(P), 1), 3),

@@ -382,7 +382,7 @@ class SipIt:
                 b = int(passing[d[passing].argmin()])
                 h, grown, j = rows[b]
                 found = [Position(int(batch[b]), float(d[b]), None, 0, tried=len(evaluated) + len(far),
-                                  via="lookahead" if lookahead else "search")]
+                                  via="lookahead" if lookahead else "search", drafted=len(far))]
                 n, nxt = 1, {}
                 if h.shape[1] > 1:  # the row carried the continuation, computed on a verified prefix
                     dc = rel_distance(h[j, 1:], run.target[t + 1:t + h.shape[1]]).cpu()  # [k - 1]
