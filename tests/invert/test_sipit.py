@@ -442,11 +442,12 @@ def test_certificate_candidates_are_packed_into_passes_of_at_most_rows():
 @pytest.mark.parametrize("near", [0.1, -1.0])
 def test_drafted_searches_find_what_plain_ones_find(lm, monkeypatch, near):
     """Deep searches (the random policy) with their wide batches screened by a bfloat16 draft: the same ids and
-    statuses as without; with nothing near (DRAFT_NEAR < 0) every candidate is still verified, the draft's far
-    ones last, so nothing is lost."""
+    statuses as without; with nothing near (DRAFT_NEAR < 0, DRAFT_KEEP 0) every candidate is still verified, the
+    draft's far ones last, so nothing is lost."""
     sipit_module = importlib.import_module("sipit.invert.sipit")
     monkeypatch.setattr(sipit_module, "DRAFT_FROM", 64)
     monkeypatch.setattr(sipit_module, "DRAFT_NEAR", near)
+    monkeypatch.setattr(sipit_module, "DRAFT_KEEP", 8 if near > 0 else 0)
     ids, states = capture(lm, TEXT, 2, n=6)
     results = {}
     for draft in (False, True):

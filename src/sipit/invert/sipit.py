@@ -105,6 +105,7 @@ SETTLE = "settle"  # what a loop yields to have its policy's deferred work done 
 DRAFT_FROM = 256  # candidates in a search batch from which the draft screens it (the CPU's batch: a search's third)
 DRAFT_NEAR = 0.1  # the draft's relative distance up to which a candidate goes on to the model (SmolLM2 layers 15 and
 #                   30, draft_pass.py: the true token 0.013-0.023, every other ≥ 0.26)
+DRAFT_KEEP = 8  # and the batch's nearest so many go on whatever their distance (_drafted)
 
 
 @dataclass
@@ -401,17 +402,21 @@ class SipIt:
         return _Search(prefix, [Position(None, best, None, 0, tried=len(evaluated) + len(far), via="search")], {})
 
     def _drafted(self, run: _Run, prefix, draft_prefix: list, batch: Tensor, far: dict) -> Tensor:
-        """The candidates of batch [B] at t = prefix.length whose state through the bfloat16 draft lies within
-        DRAFT_NEAR of the observation (relative), nearest first; the others go into far {id: distance} and, as
-        anchors, to the policy. The draft's pass is the engine's own, outside any lock-step round (SmolLM2, 256
-        candidates: layer 15 67 vs 150 ms in float32, layer 30 141 vs 317 ms: draft_pass.py). draft_prefix: []
-        or [the prefix through the draft], kept by the search."""
+        """The candidates of batch [B] at t = prefix.length that go on through the model, nearest first: those
+        whose state through the bfloat16 draft lies within DRAFT_NEAR of the observation (relative), and the
+        batch's DRAFT_KEEP nearest whatever their distance (the draft's error varies: SmolLM2 layer 30, the true
+        token 0.15 and 0.18 from the observation at two positions of 400, where a whole vocabulary drafted would
+        then be verified again). The others go into far {id: distance} and, as anchors, to the policy. The draft's
+        pass is the engine's own, outside any lock-step round (SmolLM2, 256 candidates: layer 15 67 vs 150 ms in
+        float32, layer 30 141 vs 317 ms: draft_pass.py). draft_prefix: [] or [the prefix through the draft], kept
+        by the search."""
         draft, t = self._draft_tap(), prefix.length
         if not draft_prefix:
             draft_prefix.append(draft.prefill(prefix.ids))
         h = draft.extend(draft_prefix[0], batch[:, None].to(draft.lm.device))[:, 0].float()  # [B, dim]
         d = rel_distance(h, run.target[t].float()).cpu()  # [B]
         near = d <= DRAFT_NEAR
+        near[d.argsort()[:DRAFT_KEEP]] = True
         far.update(zip(batch[~near].tolist(), d[~near].tolist()))
         run.policy.observe(t, batch[~near], h[~near.to(h.device)])
         return batch[near][d[near].argsort()]
