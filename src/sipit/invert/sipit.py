@@ -356,9 +356,9 @@ class SipIt:
                 batch = queue.take(min(fits, cfg.first_batch * 4 ** n_batches, left))
                 n_batches += 1
             if batch is None and far:  # nothing near matched: the draft's far ones, nearest first, through the model
-                queue, drafts = Queue(iter([torch.tensor(sorted(far, key=far.get))]), torch.ones(V, dtype=torch.bool)), False
-                queue.seen[list(far)] = False
-                far = {}
+                rest = torch.ones(V, dtype=torch.bool)
+                rest[list(far)] = False
+                queue, drafts, far = Queue(iter([torch.tensor(sorted(far, key=far.get))]), rest), False, {}
                 continue
             if batch is None:
                 break

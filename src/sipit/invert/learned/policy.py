@@ -50,7 +50,7 @@ class Learned(Policy):
                 p.revisions = []  # not yet applied to p.guess: (t, ids [k], states [k, d])
                 p.search = None  # the position whose search's first ranking is deferred (prepare)
                 p.first = None  # (t, its first ranking's scores), settled
-                p.lm_rows = None  # _prefix_lm's: (first row, log p of the tokens before it [first], rows first.. [n, V])
+                p.lm_rows = None  # _prefix_lm's: (first row, log p of the tokens before it [first], rows [n, V])
         return into
 
     def guesses(self, t, ids):
