@@ -286,6 +286,7 @@ class SipIt:
 
     def _finish(self, run: _Run, ids, positions, message, true_ids) -> PromptResult:
         status, message = judge(positions, self.eps, message)
+        run.policy, run.evaluated = None, {}  # (its anchors, kept LM rows and distances: freed now, not with the batch)
         return PromptResult(ids=ids, text=self.lm.decode(ids) if ids else "", status=status, positions=positions,
                             seconds=run.elapsed(), length=run.target.shape[0], message=message,
                             true_ids=list(true_ids) if true_ids is not None else None, **run.cost).check()
