@@ -38,7 +38,7 @@ class Certifier:
         prefix = Prefix(ids, make=lambda: self.tap.prefill(ids).cache)  # (run only if something is evaluated)
         rows = self.tap.rows_that_fit(len(ids) + 1, self.batch_size)
         for part in chunks(self.wanted(prefix, positions, evaluated, policy), rows):
-            answers = self.tap.extend_many([(prefix.crop(t), c[:, None].to(self.lm.device)) for t, c in part], rows)
+            answers = self.tap.extend_many(self.requests(prefix, part), rows)
             self.record(target, part, [h[:, 0] for h, _ in answers], positions, evaluated)
             cost["forward_tokens"] += sum(len(c) for _, c in part)
             cost["tap_calls"] += 1
@@ -75,6 +75,11 @@ class Certifier:
             if len(cand):
                 out.append((t, cand))
         return out
+
+    def requests(self, prefix, part: list[tuple[int, Tensor]]) -> list[tuple]:
+        """A part of `wanted` (chunks) as tap.extend_many requests: each position's candidates as one-token rows on
+        its crop of the recovered prefix (its cache: no pass of the prefix)."""
+        return [(prefix.crop(t), cand[:, None].to(self.lm.device)) for t, cand in part]
 
     @staticmethod
     def record(target: Tensor, wanted: list[tuple[int, Tensor]], states: list[Tensor], positions: list[Position],

@@ -250,8 +250,7 @@ class SipIt:
         # evaluated goes in requests of a pass each, every position on its part of the recovered prefix's cache
         wanted = self.certifier.wanted(prefix, positions, run.evaluated, policy)
         for part in chunks(wanted, self.tap.rows_that_fit(prefix.length + 1, self.config.pass_tokens)):
-            rows = [(prefix.crop(t), c[:, None].to(self.lm.device)) for t, c in part]
-            answers = yield from self._extend_many(run, rows)
+            answers = yield from self._extend_many(run, self.certifier.requests(prefix, part))
             self.certifier.record(run.target, part, [h[:, 0] for h, _ in answers], positions, run.evaluated)
         self.certifier.fill(positions, run.evaluated, policy)
         near = [s for s, q in enumerate(positions[:-1]) if q.also_within_eps]
