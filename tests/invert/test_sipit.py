@@ -379,7 +379,7 @@ def test_cli_invert_roundtrip_and_failures(tmp_path, capsys):
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert summary["exact_match_rate"] == 1.0 and summary["layer"] == 2
     assert summary["tolerance"]["source"] == "measured" and summary["certify"] == "none"
-    assert main(["invert", str(states), "-q", "--no-draft", "-o", str(out)]) == 0  # (float32 searches only)
+    assert main(["invert", str(states), "-q", "--draft", "-o", str(out)]) == 0  # (deep searches drafted)
     assert main(["invert", str(states), "-q", "--certify", "full", "-o", str(out)]) == 0
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert summary["certify"] == "full" and summary["certified_positions_pct"] == 100.0

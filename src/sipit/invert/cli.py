@@ -270,10 +270,10 @@ def add_invert_parser(sub) -> None:
                    help="candidates per forward pass when searching a position (default 256 on a CPU, 4096 on a GPU)")
     s.add_argument("--batch-prompts", type=int, default=32,
                    help="prompts inverted together in lock-step, one forward pass serving them all (1: one at a time)")
-    s.add_argument("--draft", default=None, action=argparse.BooleanOptionalAction,
+    s.add_argument("--draft", action="store_true",
                    help="screen a deep search's wide batches with a bfloat16 copy of a float32 model, verifying only "
-                        "the candidates it finds near (the rest last, if nothing matched) (default: on a CPU with "
-                        "native bfloat16)")
+                        "the candidates it finds near (the rest last, if nothing matched): random ids at deep layers "
+                        "a fifth faster on average, a few prompts much slower (default off)")
     s.add_argument("--max-seconds", type=float, default=None,
                    help="cap on each prompt's seconds (in a lock-step batch: its share of the shared passes plus its "
                         "own work); a capped prompt is reported failed with what it finished")

@@ -42,10 +42,9 @@ class InvertConfig:
     # pass. They change speed, not results: repr=False keeps them out of result keys (invert/cli.py)
     batch_prompts: int = field(default=32, repr=False)
     pass_tokens: int = field(default=1024, repr=False)
-    draft: bool | None = field(default=None, repr=False)  # a search's batches of DRAFT_FROM candidates and more go
-    #                                through a bfloat16 copy of the model first, and only those it finds near the
-    #                                observation through the model (sipit.py: _drafted); None: on a CPU with native
-    #                                bfloat16, for a float32 model
+    draft: bool = field(default=False, repr=False)  # a search's batches of DRAFT_FROM candidates and more go through
+    #                                a bfloat16 copy of a float32 model first, and only those it finds near the
+    #                                observation through the model (sipit.py: _drafted, _wants_draft)
     speculate_tokens: int | None = field(default=None, repr=False)  # guessed tokens a speculation or
     #                                lookahead row carries at first, doubling while right, uncapped where guesses
     #                                have been reliable (SipIt._guess); None: the device's (speculate_tokens_for)

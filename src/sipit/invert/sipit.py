@@ -40,6 +40,7 @@ evaluated, and `certify` ("top:K", "full") evaluates more, up to the whole vocab
 """
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field, replace
 
@@ -55,14 +56,12 @@ from .verify import rel_distance
 
 
 def _wants_draft(config: InvertConfig, tap) -> bool:
-    """Whether searches are drafted (InvertConfig.draft): only for plain layer states of a float32 model (a draft of
-    a model already in bfloat16 would be itself); by default on a CPU with native bfloat16 (not yet measured on a
-    GPU)."""
-    from ..models.device import screen_dtype
-
+    """Whether searches are drafted: where asked (InvertConfig.draft), for plain layer states of a float32 model (a
+    draft of a model already in bfloat16 would be itself). Not by default: at some positions the draft's ordering
+    is wrong (SmolLM2 layer 30, position 1 of a random-id prompt: the true token far from the nearest drafted,
+    3.4 s float32 only, 39 s drafted), though it saves a fifth of the time on random ids on average (draft_ab.txt)."""
     possible = type(tap) is LayerTap and not tap.final_norm and tap.lm.dtype == torch.float32 and tap.layer > 0
-    native = tap.lm.device.type == "cpu" and screen_dtype(tap.lm.device) == torch.bfloat16
-    return possible and (config.draft if config.draft is not None else native)
+    return possible and bool(config.draft)
 
 
 @dataclass
@@ -105,7 +104,7 @@ SETTLE = "settle"  # what a loop yields to have its policy's deferred work done 
 DRAFT_FROM = 256  # candidates in a search batch from which the draft screens it (the CPU's batch: a search's third)
 DRAFT_NEAR = 0.1  # the draft's relative distance up to which a candidate goes on to the model (SmolLM2 layers 15 and
 #                   30, draft_pass.py: the true token 0.013-0.023, every other ≥ 0.26)
-DRAFT_KEEP = 8  # and the batch's nearest so many go on whatever their distance (_drafted)
+DRAFT_KEEP = 8  # and after each drafted batch the nearest so many of all drafted so far go on (_drafted)
 
 
 @dataclass
@@ -402,24 +401,27 @@ class SipIt:
         return _Search(prefix, [Position(None, best, None, 0, tried=len(evaluated) + len(far), via="search")], {})
 
     def _drafted(self, run: _Run, prefix, draft_prefix: list, batch: Tensor, far: dict) -> Tensor:
-        """The candidates of batch [B] at t = prefix.length that go on through the model, nearest first: those
-        whose state through the bfloat16 draft lies within DRAFT_NEAR of the observation (relative), and the
-        batch's DRAFT_KEEP nearest whatever their distance (the draft's error varies: SmolLM2 layer 30, the true
-        token 0.15 and 0.18 from the observation at two positions of 400, where a whole vocabulary drafted would
-        then be verified again). The others go into far {id: distance} and, as anchors, to the policy. The draft's
-        pass is the engine's own, outside any lock-step round (SmolLM2, 256 candidates: layer 15 67 vs 150 ms in
-        float32, layer 30 141 vs 317 ms: draft_pass.py). draft_prefix: [] or [the prefix through the draft], kept
-        by the search."""
+        """The candidates at t = prefix.length that go on through the model: those of batch [B] whose state
+        through the bfloat16 draft lies within DRAFT_NEAR of the observation (relative), nearest first, then the
+        DRAFT_KEEP nearest of every candidate drafted so far in this search, whatever their distance (the draft's
+        error varies: SmolLM2 layer 30, random ids, the true token's draft state 0.15-0.18 from the observation at
+        positions where every other's was further still; waiting for the whole vocabulary to be drafted before
+        verifying them cost up to 40 s a prompt). The others go into far {id: distance} and, as anchors, to the
+        policy. The draft's pass is the engine's own, outside any lock-step round (SmolLM2, 256 candidates: layer
+        15 67 vs 150 ms in float32, layer 30 141 vs 317 ms: draft_pass.py). draft_prefix: [] or [the prefix
+        through the draft], kept by the search."""
         draft, t = self._draft_tap(), prefix.length
         if not draft_prefix:
             draft_prefix.append(draft.prefill(prefix.ids))
         h = draft.extend(draft_prefix[0], batch[:, None].to(draft.lm.device))[:, 0].float()  # [B, dim]
         d = rel_distance(h, run.target[t].float()).cpu()  # [B]
         near = d <= DRAFT_NEAR
-        near[d.argsort()[:DRAFT_KEEP]] = True
         far.update(zip(batch[~near].tolist(), d[~near].tolist()))
         run.policy.observe(t, batch[~near], h[~near.to(h.device)])
-        return batch[near][d[near].argsort()]
+        nearest = heapq.nsmallest(DRAFT_KEEP, far, key=far.get)  # of all drafted so far: an error that hides the
+        for u in nearest:  # true token (position 1 of a prompt: 0.18) still leaves it among the nearest
+            del far[u]
+        return torch.cat([batch[near][d[near].argsort()], torch.tensor(nearest, dtype=torch.long)])
 
     def _draft_tap(self) -> LayerTap:
         """The tap on a bfloat16 copy of the model, made at the first drafted batch (the copy costs half the
