@@ -4,6 +4,7 @@
     exact_matmul(dev)                                # TF32 off: verification compares at 1e-7
     screen_dtype(dev)                                # bfloat16 where native: rankings only
     b = batch_for(dev, bytes_per_item=4 * d * T, cap=4096)
+    memory_left(dev)                                 # bytes free on the device (RAM on a CPU), or None
     out = retry_on_oom(lambda b: run(batch=b), b)    # halves b on CUDA out-of-memory
     sync(dev)                                        # before reading a host clock
 """
@@ -82,6 +83,22 @@ def free_bytes(device: torch.device | str) -> int | None:
         return None
     free, _total = torch.cuda.mem_get_info(device)
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def memory_left(device: torch.device | str) -> int | None:
+    """Memory this process can still take on the device, in bytes: free_bytes on CUDA, the kernel's
+    MemAvailable (free and reclaimable RAM) on a Linux CPU; None where unknown."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return free_bytes(device)
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def batch_for(device: torch.device | str, bytes_per_item: int, *, cap: int, floor: int = 1,

@@ -104,6 +104,29 @@ def test_one_pass_over_surfaces_equals_one_calibration_per_tap(lm, cache):
     assert calibrate_cached_taps(lm, taps, FAST) == {t.key: 0.0 for t in taps}
 
 
+def test_taps_that_do_not_fit_in_memory_are_fitted_in_several_passes_alike(lm, cache, monkeypatch, capsys):
+    """With memory for about two taps' sums at a time, four layers are fitted in passes of consecutive
+    layers (each saved as it comes), and every calibration equals the one-pass fit's."""
+    from sipit.invert.learned import fit
+    from sipit.invert.learned.fit import _held_bytes, _made_bytes, _passes, calibrate_cached_layers, load_cached
+
+    layers = [1, 2, 3, 4]
+    taps = [LayerTap(lm, layer) for layer in layers]
+    two = 2.5 * _held_bytes(lm, taps[0], FAST) + _made_bytes(lm, taps[0])
+    monkeypatch.setattr(fit, "memory_left", lambda device: two / fit.FIT_MEMORY)
+    assert [[t.layer for t in p] for p in _passes(lm, taps, FAST)] == [[1, 2], [3, 4]]
+    monkeypatch.setattr(fit, "memory_left", lambda device: None)  # unknown: one pass
+    assert _passes(lm, taps, FAST) == [taps]
+
+    monkeypatch.setattr(fit, "memory_left", lambda device: two / fit.FIT_MEMORY)
+    seconds = calibrate_cached_layers(lm, layers, FAST)
+    assert "in 2 passes (to fit in memory)" in capsys.readouterr().err and all(s > 0 for s in seconds.values())
+    for layer, one_pass in zip(layers, calibrate_layers(lm, layers, FAST)):
+        cached = load_cached(LayerTap(lm, layer), FAST)
+        assert cached.key == one_pass.key and cached.gain == one_pass.gain
+        assert torch.allclose(cached.P, one_pass.P, rtol=1e-4, atol=1e-4 * float(one_pass.P.abs().max()))
+
+
 def test_fast_mode_observes_only_the_sampled_tokens_at_position_0(lm):
     """A fast calibration never computes the table: of the position-0-only rows observed (ids [B, 1]),
     there are exactly table_tokens, and what it stores is a model of every token, not a table."""
@@ -115,7 +138,7 @@ def test_fast_mode_observes_only_the_sampled_tokens_at_position_0(lm):
             first_only.append(len(ids))
         return [tap.states(ids)]
 
-    cal = fit_calibrations([tap], observe, SAMPLED)[0]
+    cal = next(fit_calibrations([tap], observe, SAMPLED))
     assert sum(first_only) == SAMPLED.table_tokens < lm.vocab_size
     assert cal.table is None and cal.t_proj is None and cal.gain0 in SAMPLED.gains
     assert cal.p0.shape == cal.P.shape == (lm.vocab_size, lm.d_model)

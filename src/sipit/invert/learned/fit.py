@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
 
-from ...models.device import screen_dtype
+from ...models.device import memory_left, screen_dtype
 from ...models.tap import LayerTap, position0_tables, run_taps
 from .cache import Calibration, cache_path, calibration_key, lens_fitted, load_cached
 from .config import LearnedConfig
@@ -176,8 +176,9 @@ def _predictions(E: Tensor, table: Tensor | None, mx: Tensor, A: Tensor) -> tupl
 @torch.no_grad()
 def position0_models(observe: Observe, E: Tensor, sample: Tensor, lam: float, batch: int = 1024,
                      desc: str = "") -> list[dict[str, Tensor]]:
-    """Fast mode, per target: p0, p0_sq, white0, c0w (see Calibration) of a ridge model h_0 ≈ A0 e_v + c0
-    fitted on the position-0 states of the sampled ids [n] only."""
+    """Fast mode, per target: a ridge model h_0 ≈ A0 e_v + c0 fitted on the position-0 states of the sampled
+    ids [n] only: A0 [F, d] (whitened), mx0 [F], white0, c0w (see Calibration). Its predictions of every
+    token, p0 and p0_sq, are made one target at a time after the pass (_predictions in fit_calibrations)."""
     moments = None
     for v in _progress(sample.split(batch), f"calibration {desc}: position-0 sample"):
         states = observe(v[:, None])
@@ -185,19 +186,19 @@ def position0_models(observe: Observe, E: Tensor, sample: Tensor, lam: float, ba
         for m, H in zip(moments, states):
             m.add(E[v], H[:, 0])
     out = []
-    for m in moments:
-        Ws, mx, my, resid = m.ridge(lam)
+    while moments:  # (each target's sums freed once solved)
+        Ws, mx, my, resid = moments.pop(0).ridge(lam)
         white = _whitening(resid)
-        p0, p0_sq = _predictions(E, None, mx, (Ws @ white).float())
-        out.append(dict(p0=p0, p0_sq=p0_sq, white0=white.float(), c0w=(my @ white).float()))
+        out.append(dict(A0=(Ws @ white).float(), mx0=mx, white0=white.float(), c0w=(my @ white).float()))
     return out
 
 
 @torch.no_grad()
 def _forward_models(observe: Observe, E: Tensor, tables: list[Tensor | None], ids: Tensor, lam: float,
                     batch: int = 16, desc: str = "", lens: tuple | None = None) -> list[dict[str, Tensor]]:
-    """Per target: P, P_sq, white, Bw, cw (see Calibration) from the states of ids [N, S]
-    (tables: per target the position-0 table, a token feature, or None in fast mode). lens: (observe_to_last,
+    """Per target: A [F, d] (the token features' whitened part, whose predictions of every token, P and P_sq,
+    fit_calibrations makes one target at a time), mx [F + d], white, Bw, cw (see Calibration) from the states
+    of ids [N, S] (tables: per target the position-0 table, a token feature, or None in fast mode). lens: (observe_to_last,
     rows, targets): for the first `rows` rows observe_to_last gives the observations and then the last layer's
     states [B, S, d], and the targets listed also get lens_w, lens_b (h_last ≈ ĥ lens_w + lens_b, ridge)."""
     moments = [TokenMoments(E, table) for table in tables]
@@ -215,13 +216,12 @@ def _forward_models(observe: Observe, E: Tensor, tables: list[Tensor | None], id
             d = H.shape[-1]
             m.add_tokens(v, H[:, :-1].reshape(-1, d), H[:, 1:].reshape(-1, d))
     out = []
-    for m, table in zip(moments, tables):
-        Ws, mx, my, resid = m.ridge(lam)
+    for table in tables:  # (each target's sums freed once solved)
+        Ws, mx, my, resid = moments.pop(0).ridge(lam)
         white = _whitening(resid)
         F = E.shape[1] + (0 if table is None else table.shape[1])
         B = Ws[F:]  # context part [d, d]
-        P, P_sq = _predictions(E, table, mx, (Ws[:F] @ white).float())  # float32 products suffice here
-        out.append(dict(P=P, P_sq=P_sq, white=white.float(), Bw=(B @ white).float(),
+        out.append(dict(A=(Ws[:F] @ white).float(), mx=mx, white=white.float(), Bw=(B @ white).float(),
                         cw=((my - mx[F:] @ B) @ white).float()))
     for j, m in lens_moments.items():
         Ws, mx, my, _ = m.ridge(lam)
@@ -328,11 +328,15 @@ def observes_plain_states(tap) -> bool:
     return getattr(tap, "plain_states", False)  # LayerTap: True; surfaces: False
 
 
-@torch.no_grad()
+@torch.no_grad()  # (around each step of the generator)
 def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig,
-                     observe_to_last: Observe | None = None) -> list[Calibration]:
-    """Calibrations of several taps of one LM whose states `observe` returns together (one pass);
-    observe_to_last: the same and then the last layer's states, for the lens (cache.lens_fitted)."""
+                     observe_to_last: Observe | None = None) -> Iterator[Calibration]:
+    """Calibrations of several taps of one LM whose states `observe` returns together (one pass), yielded one
+    at a time in taps' order; observe_to_last: the same and then the last layer's states, for the lens
+    (cache.lens_fitted). The pass holds only each tap's moments (and, in full mode, its table); a tap's
+    [V, d] predictions are made after it, tap by tap, so a caller that saves and drops each calibration holds
+    one (Qwen2.5-1.5B, V = 151,936: 1.8 GB of predictions per layer in fast mode; all 29 layers' at once were
+    killed for memory on a 24 GB machine). Each one's seconds: the pass's, split evenly, and its own."""
     t0 = time.perf_counter()
     lm = taps[0].lm
     desc = f"{lm.name} {','.join(t.key for t in taps)}"
@@ -340,39 +344,56 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig,
     fast = not cfg.has_table(lm.vocab_size)
     n_tokens, n_sample = cfg.sizes(lm.d_model, lm.vocab_size)
     if fast:  # a sample of position-0 states and a linear model of the rest; no table feature
-        pos0 = position0_models(observe, E, table_sample(lm.vocab_size, n_sample).to(lm.device), cfg.ridge, desc=desc)
+        pos0 = position0_models(observe, E, table_sample(lm.vocab_size, n_sample).to(lm.device), cfg.ridge,
+                                desc=desc)
         tables = [None] * len(pos0)
     else:
         tables = position0_tables(observe, lm.vocab_size, lm.device, desc=f"calibration {desc}")
     ids = calibration_ids(lm, n_tokens, cfg.seq_len, cfg.random_fraction).to(lm.device)
     with_lens = [j for j, tap in enumerate(taps) if lens_fitted(tap, cfg)] if observe_to_last else []
-    parts = _forward_models(observe, E, tables, ids, cfg.ridge, desc=desc,
-                            lens=(observe_to_last, cfg.lens_rows, with_lens) if with_lens else None)
+    models = _forward_models(observe, E, tables, ids, cfg.ridge, desc=desc,
+                             lens=(observe_to_last, cfg.lens_rows, with_lens) if with_lens else None)
     val = calibration_ids(lm, cfg.validation_rows * cfg.seq_len, cfg.seq_len, cfg.random_fraction, seed=1)
     val = val[:, :VALIDATION_LEN].to(lm.device)
     gate = random_ids(lm.vocab_size, cfg.gate_rows, VALIDATION_LEN, seed=2).to(lm.device)
     H_val, H_gate = observe(val), observe(gate)
-    out = []
+    shared = (time.perf_counter() - t0) / len(taps)
     for j, tap in enumerate(taps):
-        if fast:  # position 0's gain from the fresh rows' first positions (text and random ids)
-            H0 = torch.cat([H_val[j][:, 0], H_gate[j][:, 0]])
-            gain0 = _position0_gain(pos0[j], H0, torch.cat([val[:, 0], gate[:, 0]]), cfg.gains)
-            first = dict(pos0[j], gain0=gain0, table=None, t_mean=None, t_basis=None, t_proj=None)
-        else:
-            table = tables[j]
-            fits16 = bool(torch.isfinite(table).all() and table.abs().max() < 6e4)
-            first = _table_subspace(table.half() if fits16 else table, min(cfg.table_rank, table.shape[1]))
-        cal = _screening(dict(parts[j], **first), H_val[j].float(), val, cfg, tap)
-        if observes_plain_states(tap) and tap.layer == lm.depth:  # not n_layers: max_layer may cut the model
-            _lm_prior(cal, tap, H_gate[j], cfg)
-        if cal.lens_w is not None:
-            _lens_gate(cal, tap, H_gate[j], cfg)
-        cal.key = calibration_key(tap, cfg)
-        out.append(cal)
-    seconds = time.perf_counter() - t0
-    for cal in out:
-        cal.seconds = seconds / len(out)  # the shared pass, split evenly
-    return out
+        t1 = time.perf_counter()
+        cal = _calibration(tap, cfg, E, models[j], tables[j], pos0[j] if fast else None, (val, H_val[j]),
+                           (gate, H_gate[j]))
+        models[j] = tables[j] = H_val[j] = H_gate[j] = None  # (what is left of them the calibration holds)
+        if fast:
+            pos0[j] = None
+        cal.seconds = shared + time.perf_counter() - t1
+        yield cal
+        del cal  # (before the next tap's is made: one at a time)
+
+
+def _calibration(tap, cfg: LearnedConfig, E: Tensor, model: dict, table: Tensor | None, pos0: dict | None,
+                 validation: tuple[Tensor, Tensor], gate: tuple[Tensor, Tensor]) -> Calibration:
+    """One tap's Calibration after the pass: its predictions of every token from its forward model (model:
+    _forward_models'), its position 0 from its table or (fast mode) its model (pos0: position0_models'), the
+    gains and screening rank chosen on the validation rows (ids [n, S], states [n, S, d]) and the LM or lens
+    prior's gate placed on the random-id rows (gate: the same)."""
+    (val, H_val), (gate_ids, H_gate) = validation, gate
+    P, P_sq = _predictions(E, table, model.pop("mx"), model.pop("A"))  # float32 products suffice here
+    if pos0 is not None:  # position 0's gain from the fresh rows' first positions (text and random ids)
+        p0, p0_sq = _predictions(E, None, pos0.pop("mx0"), pos0.pop("A0"))
+        fitted = dict(pos0, p0=p0, p0_sq=p0_sq)
+        H0 = torch.cat([H_val[:, 0], H_gate[:, 0]])
+        gain0 = _position0_gain(fitted, H0, torch.cat([val[:, 0], gate_ids[:, 0]]), cfg.gains)
+        first = dict(fitted, gain0=gain0, table=None, t_mean=None, t_basis=None, t_proj=None)
+    else:
+        fits16 = bool(torch.isfinite(table).all() and table.abs().max() < 6e4)
+        first = _table_subspace(table.half() if fits16 else table, min(cfg.table_rank, table.shape[1]))
+    cal = _screening(dict(model, P=P, P_sq=P_sq, **first), H_val.float(), val, cfg, tap)
+    if observes_plain_states(tap) and tap.layer == tap.lm.depth:  # not n_layers: max_layer may cut the model
+        _lm_prior(cal, tap, H_gate, cfg)
+    if cal.lens_w is not None:
+        _lens_gate(cal, tap, H_gate, cfg)
+    cal.key = calibration_key(tap, cfg)
+    return cal
 
 
 def calibrate(tap, config: LearnedConfig | None = None) -> Calibration:
@@ -380,7 +401,7 @@ def calibrate(tap, config: LearnedConfig | None = None) -> Calibration:
     with `lm`, `dim`, `key`, `blocks_read` and `states(ids)` from its own states."""
     if hasattr(tap, "from_pass"):
         return calibrate_taps(tap.lm, [tap], config)[0]
-    return fit_calibrations([tap], lambda ids: [tap.states(ids)], config or LearnedConfig())[0]
+    return next(fit_calibrations([tap], lambda ids: [tap.states(ids)], config or LearnedConfig()))
 
 
 def calibrate_layers(lm, layers: list[int], config: LearnedConfig | None = None,
@@ -391,15 +412,27 @@ def calibrate_layers(lm, layers: list[int], config: LearnedConfig | None = None,
 
 def calibrate_taps(lm, taps: list, config: LearnedConfig | None = None) -> list[Calibration]:
     """Calibrations of several taps of `lm` (states, projections, KV caches, at any layers), their
-    observations computed in one forward pass (`run_taps`), by a copy of `lm` in the screening dtype
-    where config.low_precision_states asks for it, there is no table, and that dtype is lower than the model's."""
-    config = config or LearnedConfig()
-    low = screen_dtype(lm.device)
-    low_ok = config.low_precision_states and not config.has_table(lm.vocab_size)  # a table's bounds need exact states
-    runner = lm.copy_in(low) if low_ok and low.itemsize < lm.dtype.itemsize else lm
+    observations computed in one forward pass (`run_taps`). All held at once: to fit many taps of a big
+    model, calibrate_cached_taps saves each as it comes."""
+    return list(_fitted(lm, taps, config or LearnedConfig()))
+
+
+def _fitted(lm, taps: list, config: LearnedConfig) -> Iterator[Calibration]:
+    """fit_calibrations of taps of `lm` from one forward pass (`run_taps`), by a copy of `lm` in the
+    screening dtype where config.low_precision_states asks for it, there is no table, and that dtype is
+    lower than the model's."""
+    runner = lm.copy_in(_runner_dtype(lm, config)) if _runner_dtype(lm, config) != lm.dtype else lm
     with_last = [*taps, LayerTap(lm, lm.depth)] if lm.n_layers == lm.depth else None  # (a cut model: no lens)
     return fit_calibrations(taps, lambda ids: [x.float() for x in run_taps(runner, taps, ids)], config,
                             (lambda ids: [x.float() for x in run_taps(runner, with_last, ids)]) if with_last else None)
+
+
+def _runner_dtype(lm, config: LearnedConfig) -> torch.dtype:
+    """The dtype the calibration's forward passes run in: the screening dtype in fast mode with
+    low_precision_states where it is lower than the model's (a table's bounds need exact states)."""
+    low = screen_dtype(lm.device)
+    low_ok = config.low_precision_states and not config.has_table(lm.vocab_size)
+    return low if low_ok and low.itemsize < lm.dtype.itemsize else lm.dtype
 
 
 def load_or_calibrate(tap, config: LearnedConfig | None = None) -> tuple[Calibration, float]:
@@ -416,19 +449,67 @@ def load_or_calibrate(tap, config: LearnedConfig | None = None) -> tuple[Calibra
 
 
 def calibrate_cached_taps(lm, taps: list, config: LearnedConfig | None = None) -> dict[str, float]:
-    """Make sure every tap's calibration is cached, fitting the missing ones in one pass.
+    """Make sure every tap's calibration is cached, fitting the missing ones in as few passes as fit in
+    memory (_passes; one for a small model), each saved as soon as it is made.
     -> {tap.key: seconds spent fitting it (0 when it was cached)}"""
     config = config or LearnedConfig()
     taps = list({t.key: t for t in taps}.values())  # one fit per observed quantity
     missing = [t for t in taps if not cache_path(t, config).exists()]  # (a corrupt file is refitted on use)
     seconds = {t.key: 0.0 for t in taps}
+    passes = _passes(lm, missing, config) if missing else []
     if missing:
-        print(f"sipit: calibrating the learned policy for {lm.name} {', '.join(t.key for t in missing)} in one "
-              f"pass (one-time; cached in {cache_path(missing[0], config).parent})", file=sys.stderr)
-        for tap, cal in zip(missing, calibrate_taps(lm, missing, config)):
+        print(f"sipit: calibrating the learned policy for {lm.name} {', '.join(t.key for t in missing)} in "
+              f"{'one pass' if len(passes) == 1 else f'{len(passes)} passes (to fit in memory)'} (one-time; "
+              f"cached in {cache_path(missing[0], config).parent})", file=sys.stderr)
+    for group in passes:
+        for tap, cal in zip(group, _fitted(lm, group, config)):
             cal.save(cache_path(tap, config))
             seconds[tap.key] = cal.seconds
+            del cal  # (before the next is made)
     return seconds
+
+
+FIT_MEMORY = 0.6  # of the memory left (device.memory_left), what a calibration pass may take
+
+
+def _passes(lm, taps: list, config: LearnedConfig) -> list[list]:
+    """The taps cut into consecutive groups, one fitting pass each, so that what a pass holds for every tap
+    until it ends (_held_bytes) fits FIT_MEMORY of the memory left on lm's device, less the fast mode's copy
+    of the model and one calibration being made (_made_bytes); a single pass where the memory is unknown.
+    (An 8B model's 33 layers in fast mode hold ~1.3 GB each: 44 GB in one pass.)"""
+    left = memory_left(lm.device)
+    if left is None:
+        return [taps]
+    dtype = _runner_dtype(lm, config)
+    copy = 0 if dtype == lm.dtype else sum(p.numel() for p in lm.model.parameters()) * dtype.itemsize
+    budget = FIT_MEMORY * left - copy - max(_made_bytes(lm, t) for t in taps)
+    passes, held = [[]], 0
+    for tap in taps:
+        need = _held_bytes(lm, tap, config)
+        if passes[-1] and held + need > budget:
+            passes.append([])
+            held = 0
+        passes[-1].append(tap)
+        held += need
+    return passes
+
+
+def _held_bytes(lm, tap, config: LearnedConfig) -> int:
+    """Bytes a fitting pass holds for tap until it ends: the float64 sums of its forward model (features
+    [E's d_model, table's dim] and context [dim] against [dim]) and of its lens, and position 0's sums (fast)
+    or its table [V, dim] float32 (full)."""
+    d, e, V = tap.dim, lm.d_model, lm.vocab_size
+    fast = not config.has_table(V)
+    F = e + (0 if fast else d) + d
+    forward = F * F + F * d + d * d
+    position0 = (e * e + e * d + d * d) * 8 if fast else V * d * 4
+    return 8 * (forward + 3 * d * d) + position0
+
+
+def _made_bytes(lm, tap) -> int:
+    """Bytes one calibration takes while it is made after the pass: a few [V, dim] float32 tensors
+    (predictions, position 0's, projections) and the validation scores."""
+    return 4 * lm.vocab_size * tap.dim * 4
 
 
 def calibrate_cached_layers(lm, layers: list[int], config: LearnedConfig | None = None,
