@@ -109,11 +109,24 @@ def test_default_key_unchanged_and_fast_mode_keyed_apart():
 
 
 def test_fast_calibration_round_trip(tmp_path):
+    """A fast calibration's file holds its token models, not their [V, ·] predictions: loading makes the
+    same ones again from the model's embedding rows, and refuses without them."""
+    from safetensors import safe_open
+
+    from sipit.invert.learned.cache import MADE_ON_LOAD
+
     lm = load_model("tiny-llama")
     cal = calibrate(LayerTap(lm, 1), SAMPLED)
-    back = Calibration.load(cal.save(tmp_path / "c.safetensors"))
+    path = cal.save(tmp_path / "c.safetensors")
+    with safe_open(str(path), "pt") as f:
+        assert not set(MADE_ON_LOAD) & set(f.keys()) and {"A", "mx", "A0", "mx0"} <= set(f.keys())
+    back = Calibration.load(path, embedding=lm.embedding_rows())
     assert back.table is None and back.t_basis is None and back.gain0 == cal.gain0
-    assert torch.equal(back.p0, cal.p0) and torch.equal(back.white0, cal.white0) and torch.equal(back.c0w, cal.c0w)
+    for f in dataclasses.fields(Calibration):
+        a, b = getattr(cal, f.name), getattr(back, f.name)
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == pytest.approx(b), f.name
+    with pytest.raises(ValueError, match="embedding rows"):
+        Calibration.load(path)
 
 
 def test_wide_models_fit_on_more_tokens_than_configured():

@@ -46,6 +46,10 @@ class Calibration:
     of the observed state to the last layer's (a tuned lens, least squares on calibration text)
         lens_w [d, d], lens_b [d]: h_last ≈ ĥ lens_w + lens_b;  lens_gate: LinearRanker.lens_text_score
         above which a prompt's guesses are re-ranked with it (lm_weight)
+    A fast calibration also keeps the token models P and p0 come from, A [e, d] and mx [≥ e] (P = (E − mx) A
+    for the embedding rows E [V, e]: `predictions`), A0 and mx0 (p0 likewise): its file stores those instead of
+    the [V, ·] tensors made from them (MADE_ON_LOAD), which `load` makes again from E (Qwen2.5-1.5B: 2 GB a
+    layer otherwise, 56 GB for all its layers).
     """
 
     key: str
@@ -74,6 +78,10 @@ class Calibration:
     lens_w: Tensor | None = None
     lens_b: Tensor | None = None
     lens_gate: float | None = None
+    A: Tensor | None = None
+    mx: Tensor | None = None
+    A0: Tensor | None = None
+    mx0: Tensor | None = None
 
     @property
     def has_prior(self) -> bool:
@@ -88,6 +96,8 @@ class Calibration:
         tensors, meta = {}, {"version": str(VERSION)}
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in MADE_ON_LOAD and self.A is not None:
+                continue
             if isinstance(value, Tensor):
                 tensors[f.name] = value.detach().cpu().contiguous()
             elif value is not None:
@@ -98,8 +108,10 @@ class Calibration:
         return path
 
     @classmethod
-    def load(cls, path: str | Path, device: torch.device | str = "cpu") -> "Calibration":
-        """Raises ValueError for a file of another VERSION (callers refit)."""
+    def load(cls, path: str | Path, device: torch.device | str = "cpu", embedding: Tensor | None = None) -> "Calibration":
+        """embedding: the model's embedding rows [V, e] (lm.embedding_rows()), which a fast calibration's file
+        needs (its [V, ·] tensors are made from them). Raises ValueError for a file of another VERSION (callers
+        refit) or a fast one without the embedding."""
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt", device=str(device)) as f:
@@ -111,7 +123,31 @@ class Calibration:
             if f.name in meta:
                 values[f.name] = meta[f.name] if f.name == "key" else float(meta[f.name])
             values.setdefault(f.name, None)  # what this calibration's mode does not store
-        return cls(**values)
+        cal = cls(**values)
+        if cal.A is not None:
+            if embedding is None:
+                raise ValueError(f"{path}: a fast calibration; loading it needs the model's embedding rows")
+            E = embedding.float().to(device)
+            cal.P, cal.P_sq = predictions(E, cal.mx, cal.A)
+            cal.p0, cal.p0_sq = predictions(E, cal.mx0, cal.A0)
+            cal.p_proj = cal.P @ cal.p_basis
+        return cal
+
+
+MADE_ON_LOAD = ("P", "P_sq", "p_proj", "p0", "p0_sq")  # a fast calibration's [V, ·] tensors, made from A, mx, A0, mx0
+
+
+def token_rows(E: Tensor, table: Tensor | None, v: Tensor) -> Tensor:
+    """The token features of ids v [n]: [e_v, table_v], or e_v alone without a table. [n, F]"""
+    return E[v] if table is None else torch.cat([E[v], table[v]], 1)
+
+
+def predictions(E: Tensor, mx: Tensor, A: Tensor, table: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Every token's whitened prediction (its features − their mean mx[:F]) A [F, d], and its squared norm.
+    -> [V, d], [V]"""
+    P = torch.cat([(token_rows(E, table, v) - mx[:A.shape[0]].float()) @ A
+                   for v in torch.arange(len(E), device=E.device).split(16384)])
+    return P, (P.double() ** 2).sum(1).float()
 
 
 def lens_fitted(tap, config: LearnedConfig) -> bool:
@@ -153,6 +189,6 @@ def load_cached(tap, config: LearnedConfig) -> Calibration | None:
     if not path.exists():
         return None
     try:
-        return Calibration.load(path, tap.lm.device)
+        return Calibration.load(path, tap.lm.device, tap.lm.embedding_rows())
     except Exception:  # corrupt or stale: refitted by the caller
         return None

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ...models.device import memory_left, screen_dtype
 from ...models.tap import LayerTap, position0_tables, run_taps
-from .cache import Calibration, cache_path, calibration_key, lens_fitted, load_cached
+from .cache import Calibration, cache_path, calibration_key, lens_fitted, load_cached, predictions, token_rows
 from .config import LearnedConfig
 from .data import calibration_ids, random_ids
 from .ranker import LinearRanker
@@ -94,7 +94,7 @@ class Moments:
 
 
 class TokenMoments(Moments):
-    """Moments for x = [f_v, c]: f_v token v's features (_token_rows: its embedding, and its position-0 state
+    """Moments for x = [f_v, c]: f_v token v's features (cache.token_rows: its embedding, and its position-0 state
     with a table; Ft columns), and c [d] per position. Tokens repeat, so the
     f·fᵀ block is summed once per distinct token, Σ_v count_v f_v f_vᵀ, when the fit is solved, not per
     position: the forward model's moments (Ft = 2d, F = 3d) cost 7 instead of 13 products of n·d² (SmolLM2:
@@ -105,7 +105,7 @@ class TokenMoments(Moments):
         self.E, self.table = E, table
 
     def _rows(self, v: Tensor) -> Tensor:
-        return _token_rows(self.E, self.table, v).float()  # [n, Ft]
+        return token_rows(self.E, self.table, v).float()  # [n, Ft]
 
     def add_tokens(self, v: Tensor, C: Tensor, Y: Tensor) -> None:
         """Token ids v [n], context features C [n, d], targets Y [n, dy]."""
@@ -161,24 +161,12 @@ def _whitening(resid: Tensor) -> Tensor:
     return U @ torch.diag(ev.clamp_min(ev.max() * 1e-10) ** -0.5) @ U.T
 
 
-def _token_rows(E: Tensor, table: Tensor | None, v: Tensor) -> Tensor:
-    """The token features of ids v [n]: [e_v, table_v], or e_v alone without a table. [n, F]"""
-    return E[v] if table is None else torch.cat([E[v], table[v]], 1)
-
-
-def _predictions(E: Tensor, table: Tensor | None, mx: Tensor, A: Tensor) -> tuple[Tensor, Tensor]:
-    """Every token's whitened prediction (features − their mean) A, and its squared norm. -> [V, d], [V]"""
-    P = torch.cat([(_token_rows(E, table, v) - mx[:A.shape[0]].float()) @ A
-                   for v in torch.arange(len(E), device=E.device).split(16384)])
-    return P, (P.double() ** 2).sum(1).float()
-
-
 @torch.no_grad()
 def position0_models(observe: Observe, E: Tensor, sample: Tensor, lam: float, batch: int = 1024,
                      desc: str = "") -> list[dict[str, Tensor]]:
     """Fast mode, per target: a ridge model h_0 ≈ A0 e_v + c0 fitted on the position-0 states of the sampled
     ids [n] only: A0 [F, d] (whitened), mx0 [F], white0, c0w (see Calibration). Its predictions of every
-    token, p0 and p0_sq, are made one target at a time after the pass (_predictions in fit_calibrations)."""
+    token, p0 and p0_sq, are made one target at a time after the pass (cache.predictions, in fit_calibrations)."""
     moments = None
     for v in _progress(sample.split(batch), f"calibration {desc}: position-0 sample"):
         states = observe(v[:, None])
@@ -281,7 +269,8 @@ def _screening(parts: dict, H: Tensor, ids: Tensor, cfg: LearnedConfig, tap) -> 
     basis = _principal_basis(P, d).float()  # all directions, by decreasing variance
     rank = min(cfg.screen_rank, d)
     while True:  # (float32 projections: the screen only orders candidates)
-        out.update(p_basis=basis[:, :rank].contiguous(), p_proj=P.float() @ basis[:, :rank])
+        p_basis = basis[:, :rank].contiguous()
+        out.update(p_basis=p_basis, p_proj=P.float() @ p_basis)  # (as Calibration.load makes it)
         cal = Calibration(key="", gain=gain, seconds=0.0, **out)
         screened = _ranker(cal, tap, cfg).screen(r)
         if rank == d or float((screened == full).float().mean()) >= cfg.screen_agree:
@@ -377,14 +366,15 @@ def _calibration(tap, cfg: LearnedConfig, E: Tensor, model: dict, table: Tensor 
     gains and screening rank chosen on the validation rows (ids [n, S], states [n, S, d]) and the LM or lens
     prior's gate placed on the random-id rows (gate: the same)."""
     (val, H_val), (gate_ids, H_gate) = validation, gate
-    P, P_sq = _predictions(E, table, model.pop("mx"), model.pop("A"))  # float32 products suffice here
+    P, P_sq = predictions(E, model["mx"], model["A"], table)  # float32 products suffice here
     if pos0 is not None:  # position 0's gain from the fresh rows' first positions (text and random ids)
-        p0, p0_sq = _predictions(E, None, pos0.pop("mx0"), pos0.pop("A0"))
+        p0, p0_sq = predictions(E, pos0["mx0"], pos0["A0"])
         fitted = dict(pos0, p0=p0, p0_sq=p0_sq)
         H0 = torch.cat([H_val[:, 0], H_gate[:, 0]])
         gain0 = _position0_gain(fitted, H0, torch.cat([val[:, 0], gate_ids[:, 0]]), cfg.gains)
         first = dict(fitted, gain0=gain0, table=None, t_mean=None, t_basis=None, t_proj=None)
-    else:
+    else:  # (P comes from the table too: stored, not made from E on load)
+        del model["A"], model["mx"]
         fits16 = bool(torch.isfinite(table).all() and table.abs().max() < 6e4)
         first = _table_subspace(table.half() if fits16 else table, min(cfg.table_rank, table.shape[1]))
     cal = _screening(dict(model, P=P, P_sq=P_sq, **first), H_val.float(), val, cfg, tap)
