@@ -466,7 +466,7 @@ def _passes(lm, taps: list, config: LearnedConfig) -> list[list]:
     """The taps cut into consecutive groups, one fitting pass each, so that what a pass holds for every tap
     until it ends (_held_bytes) fits FIT_MEMORY of the memory left on lm's device, less the fast mode's copy
     of the model and one calibration being made (_made_bytes); a single pass where the memory is unknown.
-    (An 8B model's 33 layers in fast mode hold ~1.3 GB each: 44 GB in one pass.)"""
+    (An 8B model's 33 layers in fast mode hold ~1.7 GB each: 58 GB in one pass.)"""
     left = memory_left(lm.device)
     if left is None:
         return [taps]
