@@ -10,6 +10,7 @@ def test_calibrate_fits_missing_layers_in_one_pass_then_reuses_them(cache, capsy
     assert main(["calibrate", "--model", "tiny-llama", "--layers", "all", "--tokens", "2048"]) == 0
     second = json.loads(capsys.readouterr().out)
     assert second["layers"] == [0, 1, 2, 3, 4] and second["fitted"] == [0, 2, 3]
+    assert set(second["seconds_per_layer"]) == {"0", "2", "3"}  # (JSON keys)
     assert len(list(cache.rglob("*.safetensors"))) == 5
 
 

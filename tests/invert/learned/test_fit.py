@@ -116,7 +116,7 @@ def test_taps_that_do_not_fit_in_memory_are_fitted_in_several_passes_alike(lm, c
     monkeypatch.setattr(fit, "memory_left", lambda device: two / fit.FIT_MEMORY)
     assert [[t.layer for t in p] for p in _passes(lm, taps, FAST)] == [[1, 2], [3, 4]]
     monkeypatch.setattr(fit, "memory_left", lambda device: None)  # unknown: one pass
-    assert _passes(lm, taps, FAST) == [taps]
+    assert _passes(lm, taps[::-1], FAST) == [taps]
 
     monkeypatch.setattr(fit, "memory_left", lambda device: two / fit.FIT_MEMORY)
     seconds = calibrate_cached_layers(lm, layers, FAST)

@@ -43,5 +43,6 @@ def cmd_calibrate(args) -> int:
     print(json.dumps(dict(model=lm.name, fingerprint=lm.fingerprint, layers=layers, final_norm=args.final_norm,
                           calibration=args.calibration, calibration_tokens=config.calibration_tokens,
                           table_tokens=config.table_tokens, seconds=round(time.perf_counter() - t0, 1),
-                          fitted=[layer for layer, s in seconds.items() if s > 0])))
+                          fitted=[layer for layer, s in seconds.items() if s > 0],
+                          seconds_per_layer={layer: round(s, 2) for layer, s in seconds.items() if s > 0})))
     return 0

@@ -411,7 +411,8 @@ def _fitted(lm, taps: list, config: LearnedConfig) -> Iterator[Calibration]:
     """fit_calibrations of taps of `lm` from one forward pass (`run_taps`), by a copy of `lm` in the
     screening dtype where config.low_precision_states asks for it, there is no table, and that dtype is
     lower than the model's."""
-    runner = lm.copy_in(_runner_dtype(lm, config)) if _runner_dtype(lm, config) != lm.dtype else lm
+    dtype = _runner_dtype(lm, config)
+    runner = lm.copy_in(dtype) if dtype != lm.dtype else lm
     with_last = [*taps, LayerTap(lm, lm.depth)] if lm.n_layers == lm.depth else None  # (a cut model: no lens)
     return fit_calibrations(taps, lambda ids: [x.float() for x in run_taps(runner, taps, ids)], config,
                             (lambda ids: [x.float() for x in run_taps(runner, with_last, ids)]) if with_last else None)
@@ -463,10 +464,12 @@ FIT_MEMORY = 0.6  # of the memory left (device.memory_left), what a calibration 
 
 
 def _passes(lm, taps: list, config: LearnedConfig) -> list[list]:
-    """The taps cut into consecutive groups, one fitting pass each, so that what a pass holds for every tap
-    until it ends (_held_bytes) fits FIT_MEMORY of the memory left on lm's device, less the fast mode's copy
-    of the model and one calibration being made (_made_bytes); a single pass where the memory is unknown.
-    (An 8B model's 33 layers in fast mode hold ~1.7 GB each: 58 GB in one pass.)"""
+    """The taps, shallowest first, cut into consecutive groups, one fitting pass each (a pass runs the blocks
+    its deepest tap reads), so that what a pass holds for every tap until it ends (_held_bytes) fits FIT_MEMORY
+    of the memory left on lm's device, less the fast mode's copy of the model and one calibration being made
+    (_made_bytes); a single pass where the memory is unknown. (An 8B model's 33 layers in fast mode hold ~1.7
+    GB each: 58 GB in one pass.)"""
+    taps = sorted(taps, key=lambda t: t.blocks_read)
     left = memory_left(lm.device)
     if left is None:
         return [taps]
