@@ -170,7 +170,7 @@ def add_model(parser, default="smollm2"):
 
 def build_parser() -> argparse.ArgumentParser:
     from .engines import add_engine_options
-    from .invert.learned.cli import add_calibrate_parser, add_calibration_option
+    from .invert.learned.cli import add_cache_parser, add_calibrate_parser, add_calibration_option
 
     p = argparse.ArgumentParser(prog="sipit", allow_abbrev=False, description="Invert language-model hidden states and test injectivity.")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
@@ -265,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_lab_parser(sub)
 
     add_calibrate_parser(sub, add_model)
+    add_cache_parser(sub)
 
     from .audit.cli import add_audit_parser
 

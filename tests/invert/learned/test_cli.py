@@ -34,3 +34,23 @@ def test_fast_calibration_from_calibrate_is_what_invert_fast_uses(cache, tmp_pat
         summary = json.loads((tmp_path / "s.results.summary.json").read_text())
         assert summary["prompts"] == 2 and (summary["calibration_seconds"] == 0) == cached
     assert len(list((cache / "learned").glob("*.safetensors"))) == 2
+
+
+def test_cache_lists_and_prunes_only_what_this_version_cannot_read(cache, capsys, monkeypatch):
+    from sipit.invert.learned import cache as cache_module
+
+    assert main(["calibrate", "--model", "tiny-llama", "--layers", "1", "--tokens", "2048"]) == 0
+    capsys.readouterr()
+    [current] = cache.rglob("*.safetensors")
+    cal = cache_module.Calibration.load(current)
+    with monkeypatch.context() as m:
+        m.setattr(cache_module, "VERSION", cache_module.VERSION - 1)  # a file an older sipit wrote
+        old = cal.save(current.with_name("old.safetensors"))
+    killed = current.with_name("x.999999999.tmp")  # a save whose process is gone
+    killed.write_bytes(b"partial")
+    assert main(["cache"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stale_calibrations"]["files"] == 2 and out["kinds"]["learned"]["files"] == 3 and not out["pruned"]
+    assert main(["cache", "--prune"]) == 0
+    assert json.loads(capsys.readouterr().out)["pruned"]
+    assert sorted(p.name for p in current.parent.iterdir()) == [current.name] and not old.exists()

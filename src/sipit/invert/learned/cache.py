@@ -183,6 +183,29 @@ def cache_path(tap, config: LearnedConfig) -> Path:
     return cache_dir() / "learned" / f"{calibration_key(tap, config)}.safetensors"
 
 
+def stale_files() -> list[Path]:
+    """Files of the calibration cache no sipit of this VERSION reads: calibrations of another VERSION (a
+    VERSION bump leaves them; SmolLM2's full ones take ~200 MB a layer) or unreadable, and the temporary
+    files of saves that were killed (their process gone)."""
+    from safetensors import safe_open
+
+    out = []
+    for path in sorted((cache_dir() / "learned").glob("*")):
+        if path.suffix == ".tmp":
+            pid = path.suffixes[-2].lstrip(".") if len(path.suffixes) > 1 else ""
+            if not (pid.isdigit() and Path(f"/proc/{pid}").exists()):
+                out.append(path)
+            continue
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                current = (f.metadata() or {}).get("version") == str(VERSION)
+        except Exception:
+            current = False
+        if not current:
+            out.append(path)
+    return out
+
+
 def load_cached(tap, config: LearnedConfig) -> Calibration | None:
     """The cached calibration of `tap`, or None (absent, unreadable or of another VERSION)."""
     path = cache_path(tap, config)

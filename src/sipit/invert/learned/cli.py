@@ -46,3 +46,32 @@ def cmd_calibrate(args) -> int:
                           fitted=[layer for layer, s in seconds.items() if s > 0],
                           seconds_per_layer={layer: round(s, 2) for layer, s in seconds.items() if s > 0})))
     return 0
+
+
+def add_cache_parser(sub) -> None:
+    s = sub.add_parser("cache", help="what sipit's cache holds (calibrations, dequantized models, ...); --prune "
+                                     "deletes the calibrations no sipit of this version reads")
+    s.add_argument("--prune", action="store_true", help="delete calibrations of older sipit versions, unreadable "
+                                                        "ones and temporary files of killed saves")
+    s.set_defaults(fn=cmd_cache)
+
+
+def cmd_cache(args) -> int:
+    from ...models.load import cache_dir
+    from .cache import stale_files
+
+    root = cache_dir()
+
+    def size(paths) -> dict:
+        files = [f for p in paths for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file()]
+        return dict(files=len(files), gb=round(sum(f.stat().st_size for f in files) / 1e9, 3))
+
+    kinds = {p.name: size([p]) for p in sorted(root.iterdir()) if p.is_dir()} if root.is_dir() else {}
+    stale = stale_files() if root.is_dir() else []
+    out = dict(cache=str(root), kinds=kinds, stale_calibrations=size(stale), pruned=False)
+    if args.prune:
+        for path in stale:
+            path.unlink(missing_ok=True)
+        out["pruned"] = True
+    print(json.dumps(out))
+    return 0
