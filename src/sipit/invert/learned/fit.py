@@ -447,11 +447,12 @@ def calibrate_cached_taps(lm, taps: list, config: LearnedConfig | None = None) -
     taps = list({t.key: t for t in taps}.values())  # one fit per observed quantity
     missing = [t for t in taps if not cache_path(t, config).exists()]  # (a corrupt file is refitted on use)
     seconds = {t.key: 0.0 for t in taps}
-    passes = _passes(lm, missing, config) if missing else []
-    if missing:
-        print(f"sipit: calibrating the learned policy for {lm.name} {', '.join(t.key for t in missing)} in "
-              f"{'one pass' if len(passes) == 1 else f'{len(passes)} passes (to fit in memory)'} (one-time; "
-              f"cached in {cache_path(missing[0], config).parent})", file=sys.stderr)
+    if not missing:
+        return seconds
+    passes = _passes(lm, missing, config)
+    print(f"sipit: calibrating the learned policy for {lm.name} {', '.join(t.key for t in missing)} in "
+          f"{'one pass' if len(passes) == 1 else f'{len(passes)} passes (to fit in memory)'} (one-time; "
+          f"cached in {cache_path(missing[0], config).parent})", file=sys.stderr)
     for group in passes:
         for tap, cal in zip(group, _fitted(lm, group, config)):
             cal.save(cache_path(tap, config))
