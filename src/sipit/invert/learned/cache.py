@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -108,10 +109,11 @@ class Calibration:
         return path
 
     @classmethod
-    def load(cls, path: str | Path, device: torch.device | str = "cpu", embedding: Tensor | None = None) -> "Calibration":
-        """embedding: the model's embedding rows [V, e] (lm.embedding_rows()), which a fast calibration's file
-        needs (its [V, ·] tensors are made from them). Raises ValueError for a file of another VERSION (callers
-        refit) or a fast one without the embedding."""
+    def load(cls, path: str | Path, device: torch.device | str = "cpu",
+             embedding: Tensor | Callable[[], Tensor] | None = None) -> "Calibration":
+        """embedding: the model's embedding rows [V, e] (lm.embedding_rows(), or that method: called only for a
+        fast calibration), from which a fast calibration's [V, ·] tensors are made. Raises ValueError for a file
+        of another VERSION (callers refit) or a fast one without the embedding."""
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt", device=str(device)) as f:
@@ -127,10 +129,11 @@ class Calibration:
         if cal.A is not None:
             if embedding is None:
                 raise ValueError(f"{path}: a fast calibration; loading it needs the model's embedding rows")
-            E = embedding.float().to(device)
-            cal.P, cal.P_sq = predictions(E, cal.mx, cal.A)
-            cal.p0, cal.p0_sq = predictions(E, cal.mx0, cal.A0)
-            cal.p_proj = cal.P @ cal.p_basis
+            with torch.no_grad():
+                E = (embedding() if callable(embedding) else embedding).float().to(device)
+                cal.P, cal.P_sq = predictions(E, cal.mx, cal.A)
+                cal.p0, cal.p0_sq = predictions(E, cal.mx0, cal.A0)
+                cal.p_proj = cal.P @ cal.p_basis
         return cal
 
 
@@ -212,6 +215,6 @@ def load_cached(tap, config: LearnedConfig) -> Calibration | None:
     if not path.exists():
         return None
     try:
-        return Calibration.load(path, tap.lm.device, tap.lm.embedding_rows())
+        return Calibration.load(path, tap.lm.device, tap.lm.embedding_rows)
     except Exception:  # corrupt or stale: refitted by the caller
         return None
