@@ -1,4 +1,5 @@
-"""`sipit calibrate`: fit (or find cached) the learned policy's calibrations of many layers in one pass."""
+"""`sipit calibrate`: fit (or find cached) the learned policy's calibrations of many layers in one pass; `sipit cache`:
+what the cache holds, and pruning the calibrations this version no longer reads."""
 from __future__ import annotations
 
 import json
