@@ -7,7 +7,9 @@
 #   bash docs/results/gpu/run.sh deep     # layers 16 and 32 with the GPU's default
 #   bash docs/results/gpu/run.sh long     # long_prefix.py: passes sized by free memory where the size binds
 #                                         # (prefixes of 160-2,048 tokens), then one 160-token prompt, 240 s
-#   bash docs/results/gpu/run.sh          # all but long (more than one 10-minute device call: run the parts)
+#   bash docs/results/gpu/run.sh calibrate  # calibrate_all.py: every layer's fast calibration in as few passes as fit
+#                                         # the GPU's memory, seconds per layer per billion parameters, load seconds
+#   bash docs/results/gpu/run.sh          # all but long and calibrate (more than one 10-minute device call: run the parts)
 # Each inversion run stops after ${CAP:-240} s; --progress prints a line per prompt as it finishes, so a
 # stopped run still shows its finished prompts. ${PROMPTS:-3} 20-token random-id prompts per run.
 set -uo pipefail
@@ -60,4 +62,7 @@ if [ "$what" = deep ] || [ "$what" = all ]; then
 fi
 if [ "$what" = long ]; then
     timeout 340 $PY docs/results/gpu/long_prefix.py "$OUT/long_prefix.json" 2>&1 | tee "$OUT/long_prefix.txt"
+fi
+if [ "$what" = calibrate ]; then
+    timeout "${CAP:-240}" $PY docs/results/gpu/calibrate_all.py "$OUT/calibrate_all.json" 2>&1 | tee "$OUT/calibrate_all.txt"
 fi
