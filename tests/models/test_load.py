@@ -6,11 +6,13 @@ Gemma-3 (hidden norms up to 3.5e4), so 1e-5 relative leaves margin without hidin
 (a wrong position or missing block changes states by O(1) relative).
 """
 import importlib.util
+import json
+import os
 
 import pytest
 import torch
 
-from sipit.models import LayerTap, ModelError, load_model
+from sipit.models import LayerTap, ModelError, load, load_model
 
 RTOL = 1e-5
 TEXT = "The quick brown fox jumps over the lazy dog."
@@ -212,3 +214,20 @@ def test_qwen_parity():
     assert (lm.n_layers, lm.d_model, lm.vocab_size) == (28, 1536, 151936)
     assert lm.model.config.num_key_value_heads == 2
     check_parity(lm, "def add(a, b):\n    return a + b")
+
+
+def test_stale_dequantized_copies_are_those_whose_gguf_changed(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIPIT_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "cache" / "dequantized"
+    ggufs = {name: tmp_path / f"{name}.gguf" for name in ("kept", "changed", "gone")}
+    for name, f in ggufs.items():
+        f.write_bytes(b"GGUF")
+        (root / name).mkdir(parents=True)
+        (root / name / load.SOURCE).write_text(json.dumps(load._source(f)))
+    ggufs["changed"].write_bytes(b"GGUF, reinstalled")
+    ggufs["gone"].unlink()
+    (root / "unrecorded").mkdir()  # an older sipit's copy no load has used since
+    (root / "tmpkilled").mkdir()  # a killed load's unfinished copy
+    os.utime(root / "tmpkilled", (0, 0))
+    (root / "tmpbusy").mkdir()  # a load under way
+    assert sorted(p.name for p in load.stale_dequantized()) == ["changed", "gone", "tmpkilled", "unrecorded"]

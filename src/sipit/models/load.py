@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
+import time
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -147,14 +149,24 @@ def _package_dir(package: str) -> Path:
     return Path(importlib.util.find_spec(package).submodule_search_locations[0])
 
 
+SOURCE = "sipit-source.json"  # in each dequantized copy: the GGUF file it was made from (stale_dequantized)
+
+
+def _source(path: Path) -> dict:
+    st = path.stat()
+    return {"gguf": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
 def dequantized(path: Path) -> Path:
     """A GGUF file dequantized to a float32 HF directory (made once, cached by path, size and mtime)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    source = _source(path)
+    key = hashlib.sha256(f"{source['gguf']}:{source['size']}:{source['mtime_ns']}".encode()).hexdigest()[:16]
     cached = cache_dir() / "dequantized" / f"{path.stem}-{key}"
     if (cached / "model.safetensors").exists() or (cached / "model.safetensors.index.json").exists():
+        if not (cached / SOURCE).exists():  # (made before sipit recorded the source)
+            (cached / SOURCE).write_text(json.dumps(source))
         return cached
     for mod in ("gguf", "accelerate"):
         if importlib.util.find_spec(mod) is None:
@@ -176,9 +188,32 @@ def dequantized(path: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=cached.parent))
     plain.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    (tmp / SOURCE).write_text(json.dumps(source))
     shutil.rmtree(cached, ignore_errors=True)
     tmp.rename(cached)
     return cached
+
+
+def stale_dequantized(unfinished_after: float = 3600.0) -> list[Path]:
+    """Dequantized copies no load reads: their GGUF file is gone or changed since (each reinstall of a model's
+    package makes a new copy: 540 MB for SmolLM2, 7 GB for Qwen2.5-1.5B), copies no load of this sipit has
+    used (made before copies recorded their source; a load records it, and a later load makes a deleted one
+    again), and the unfinished copies of killed loads (temporary folders untouched for `unfinished_after` s)."""
+    root = cache_dir() / "dequantized"
+    stale = []
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        if folder.name.startswith("tmp"):
+            if time.time() - folder.stat().st_mtime > unfinished_after:
+                stale.append(folder)
+            continue
+        try:
+            source = json.loads((folder / SOURCE).read_text())
+            current = Path(source["gguf"]).is_file() and _source(Path(source["gguf"])) == source
+        except (OSError, ValueError, KeyError):
+            current = False
+        if not current:
+            stale.append(folder)
+    return stale
 
 
 @contextmanager

@@ -51,6 +51,7 @@ def test_cache_lists_and_prunes_only_what_this_version_cannot_read(cache, capsys
     assert main(["cache"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stale_calibrations"]["files"] == 2 and out["kinds"]["learned"]["files"] == 3 and not out["pruned"]
+    assert out["stale_dequantized"]["models"] == 0
     assert main(["cache", "--prune"]) == 0
     assert json.loads(capsys.readouterr().out)["pruned"]
     assert sorted(p.name for p in current.parent.iterdir()) == [current.name] and not old.exists()

@@ -1,5 +1,6 @@
 """`sipit calibrate`: fit (or find cached) the learned policy's calibrations of many layers in one pass; `sipit cache`:
-what the cache holds, and pruning the calibrations this version no longer reads."""
+what the cache holds, and pruning the calibrations this version no longer reads and the dequantized models whose
+GGUF file changed."""
 from __future__ import annotations
 
 import json
@@ -51,14 +52,18 @@ def cmd_calibrate(args) -> int:
 
 def add_cache_parser(sub) -> None:
     s = sub.add_parser("cache", help="what sipit's cache holds (calibrations, dequantized models, ...); --prune "
-                                     "deletes the calibrations no sipit of this version reads")
+                                     "deletes what no sipit of this version reads")
     s.add_argument("--prune", action="store_true", help="delete calibrations of older sipit versions, unreadable "
-                                                        "ones and temporary files of killed saves")
+                                                        "ones and temporary files of killed saves, and dequantized "
+                                                        "models whose GGUF file is gone or changed, or that no "
+                                                        "load of this version used (made again when next loaded)")
     s.set_defaults(fn=cmd_cache)
 
 
 def cmd_cache(args) -> int:
-    from ...models.load import cache_dir
+    import shutil
+
+    from ...models.load import cache_dir, stale_dequantized
     from .cache import stale_files
 
     root = cache_dir()
@@ -69,10 +74,14 @@ def cmd_cache(args) -> int:
 
     kinds = {p.name: size([p]) for p in sorted(root.iterdir()) if p.is_dir()} if root.is_dir() else {}
     stale = stale_files() if root.is_dir() else []
-    out = dict(cache=str(root), kinds=kinds, stale_calibrations=size(stale), pruned=False)
+    models = stale_dequantized()
+    out = dict(cache=str(root), kinds=kinds, stale_calibrations=size(stale),
+               stale_dequantized=dict(size(models), models=len(models)), pruned=False)
     if args.prune:
         for path in stale:
             path.unlink(missing_ok=True)
+        for folder in models:
+            shutil.rmtree(folder, ignore_errors=True)
         out["pruned"] = True
     print(json.dumps(out))
     return 0
