@@ -82,7 +82,8 @@ def test_exact_matmul_turns_tf32_off(monkeypatch):
 @pytest.mark.parametrize("spec", ["tiny-gpt2", "tiny-llama"])
 def test_tap_makes_tensors_on_the_model_device(spec):
     """Every tensor the tap creates goes to lm.device. Checked on the meta device, which CPU-only CI
-    has: a stray CPU tensor (ids, positions, cache) meeting meta weights raises."""
+    has: a stray CPU tensor (ids, positions, cache) meeting meta weights raises (a lock-step round on a GPU
+    did, where a flat pass joined a search's CPU rows to device rows)."""
     lm = load_model(spec)
     lm.model.to("meta")
     tap = LayerTap(lm, 2)
@@ -92,6 +93,11 @@ def test_tap_makes_tensors_on_the_model_device(spec):
     states, grown = tap.extend(prefix, torch.tensor([[4, 5], [6, 7]]), keep=True)
     assert states.device.type == "meta" and grown(1, 1).ids.device.type == "meta"
     assert tap.extend_layers(prefix, [4], [1, 2])[1].device.type == "meta"
+    # a lock-step round packs rows made on the CPU (a search's candidates) with rows on the device (guesses)
+    requests = [(prefix, torch.tensor([[4, 5]])), (prefix, torch.tensor([[6], [7]], device="meta"))]
+    for run in (tap._extend_flat, tap._extend_padded):
+        (a, _), (b, grown) = run(requests)
+        assert a.shape[:2] == (1, 2) and b.shape[:2] == (2, 1) and grown(1, 1).ids.device.type == "meta"
 
 
 @pytest.mark.cuda

@@ -351,7 +351,7 @@ class LayerTap:
             if id(prefix) not in segments:
                 segments[id(prefix)] = (sum(p.length for _, p in segments.values()), prefix)
         S = sum(p.length for _, p in segments.values())
-        ids = torch.cat([rows.reshape(-1) for _, rows in requests]).to(dev)[None]  # [1, N]
+        ids = torch.cat([rows.reshape(-1).to(dev) for _, rows in requests])[None]  # [1, N] (rows on either device)
         N = ids.shape[1]
         lengths = torch.tensor([rows.shape[1] for _, rows in requests for _ in range(rows.shape[0])])
         row = torch.arange(len(lengths)).repeat_interleave(lengths)  # [N]: which row each token is in
