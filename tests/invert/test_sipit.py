@@ -12,7 +12,7 @@ import torch
 
 from sipit.invert import GradientConfig, InversionError, InvertConfig, SipIt, invert, run
 from sipit.invert.baselines import HardPromptsConfig
-from sipit.invert.config import batch_size_for, speculate_tokens_for
+from sipit.invert.config import batch_size_for, pass_tokens_for, speculate_tokens_for
 from sipit.invert.policies import Exhaustive
 from sipit.invert.verify import DuplicateClasses
 from sipit.models import LayerTap, load_model, tiny_model
@@ -303,7 +303,7 @@ def test_non_finite_states_fail_without_search(lm):
 
 def test_search_batch_defaults_to_the_device(lm):
     """256 candidates a pass on a CPU, 4096 on a GPU, unless the config says; configs without the field too.
-    Speculation rows: 32 guesses on a CPU, 512 on a GPU."""
+    Speculation rows: 32 guesses on a CPU, 512 on a GPU; shared passes 1,024 new tokens and 4,096."""
     assert batch_size_for(InvertConfig(), torch.device("cpu")) == 256
     assert batch_size_for(InvertConfig(), torch.device("cuda")) == 4096
     assert batch_size_for(InvertConfig(batch_size=8), torch.device("cuda")) == 8
@@ -316,6 +316,9 @@ def test_search_batch_defaults_to_the_device(lm):
     assert SipIt(lm, 1, InvertConfig(speculate_tokens=5)).config.speculate_tokens == 5
     with pytest.raises(InversionError, match="at least 1"):
         SipIt(lm, 1, InvertConfig(speculate_tokens=0))
+    assert pass_tokens_for(InvertConfig(), torch.device("cpu")) == 1024  # and a shared pass's new tokens
+    assert pass_tokens_for(InvertConfig(), torch.device("cuda")) == 4096
+    assert SipIt(lm, 1, InvertConfig(pass_tokens=64)).config.pass_tokens == 64
 
 
 def test_bad_input_raises_clear_errors(lm):

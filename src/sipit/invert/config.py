@@ -41,7 +41,8 @@ class InvertConfig:
     # lock-step (sipit.py): prompts inverted together, each on its own clock, and new tokens per shared
     # pass. They change speed, not results: repr=False keeps them out of result keys (invert/cli.py)
     batch_prompts: int = field(default=32, repr=False)
-    pass_tokens: int = field(default=1024, repr=False)
+    pass_tokens: int | None = field(default=None, repr=False)  # new tokens a shared pass (a lock-step round's,
+    #                                the certificates') takes at most; None: the device's (pass_tokens_for)
     draft: bool = field(default=False, repr=False)  # a search's batches of DRAFT_FROM candidates and more go through
     #                                a bfloat16 copy of a float32 model first, and only those it finds near the
     #                                observation through the model (sipit.py: _drafted, _wants_draft)
@@ -63,6 +64,9 @@ DEFAULT_BATCH = {"cpu": 256, "cuda": 4096}
 # prompts: docs/results/invert/speculate_tokens.py); on a GPU rows of a few hundred tokens cost about
 # what short ones do, so there only long prompts' rows are capped (not yet measured on a GPU).
 DEFAULT_SPECULATE = {"cpu": 32, "cuda": 512}
+# And a shared pass packs as many new tokens as a search pass takes candidates: a CPU's cost grows with them,
+# a GPU's hardly (a full certificate of a 20-token prompt, V = 128,256: 627 passes of 4,096, not 2,505 of 1,024).
+DEFAULT_PASS_TOKENS = {"cpu": 1024, "cuda": 4096}
 
 
 def _for_device(config, name: str, defaults: dict, device, what: str) -> int:
@@ -82,6 +86,11 @@ def batch_size_for(config, device) -> int:
 def speculate_tokens_for(config, device) -> int:
     """Guesses a speculation row carries at first: config.speculate_tokens or the device's default."""
     return _for_device(config, "speculate_tokens", DEFAULT_SPECULATE, device, "speculate_tokens")
+
+
+def pass_tokens_for(config, device) -> int:
+    """New tokens a shared pass takes at most: config.pass_tokens or the device's default."""
+    return _for_device(config, "pass_tokens", DEFAULT_PASS_TOKENS, device, "pass_tokens")
 
 
 def certify_top(certify: str, vocab_size: int) -> int:

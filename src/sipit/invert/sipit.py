@@ -50,7 +50,7 @@ from torch import Tensor
 from ..models import LM, LayerTap
 from ..models.device import sync
 from .certify import Certifier, Queue, chunks
-from .config import InvertConfig, batch_size_for, speculate_tokens_for
+from .config import InvertConfig, batch_size_for, pass_tokens_for, speculate_tokens_for
 from .result import Position, PromptResult, judge
 from .verify import rel_distance
 
@@ -129,7 +129,8 @@ class SipIt:
         self.lm, self.eps = self.tap.lm, eps
         config = config or InvertConfig()
         self.config = replace(config, batch_size=batch_size_for(config, self.lm.device),
-                              speculate_tokens=speculate_tokens_for(config, self.lm.device))
+                              speculate_tokens=speculate_tokens_for(config, self.lm.device),
+                              pass_tokens=pass_tokens_for(config, self.lm.device))
         self.certifier = Certifier(self.tap, self.eps, self.config.certify, self.config.batch_size)
         self.drafts, self._draft = _wants_draft(self.config, self.tap), None  # (the draft tap: _draft_tap)
         self.policy = make_policy(self.config.policy, self.tap, self.config)
