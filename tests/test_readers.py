@@ -63,11 +63,14 @@ def test_transformer_lens_default_and_no_processing(spec, centred, tmp_path, cap
 
 
 def test_nnsight_saved_block_output(tmp_path, capsys):
-    from nnsight import LanguageModel
+    import nnsight
 
     lm = load_model("tiny-llama")
     ids = ids_of(lm)
-    model = LanguageModel(lm.model, tokenizer=lm.tokenizer)
+    if hasattr(nnsight, "TransformersModel"):  # nnsight ≥ 0.8 (LanguageModel deprecated there)
+        model = nnsight.TransformersModel(lm.model, task="text-generation", tokenizer=lm.tokenizer)
+    else:
+        model = nnsight.LanguageModel(lm.model, tokenizer=lm.tokenizer)
     with model.trace(ids):
         out = model.model.layers[1].output.save()  # block index 1 = sipit layer 2
     torch.save(out.detach(), tmp_path / "nn.pt")
