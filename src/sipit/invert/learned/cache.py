@@ -146,11 +146,17 @@ def token_rows(E: Tensor, table: Tensor | None, v: Tensor) -> Tensor:
 
 
 def predictions(E: Tensor, mx: Tensor, A: Tensor, table: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Every token's whitened prediction (its features − their mean mx[:F]) A [F, d], and its squared norm.
-    -> [V, d], [V]"""
-    P = torch.cat([(token_rows(E, table, v) - mx[:A.shape[0]].float()) @ A
-                   for v in torch.arange(len(E), device=E.device).split(16384)])
-    return P, (P.double() ** 2).sum(1).float()
+    """Every token's whitened prediction (its features − their mean mx[:F]) A [F, d], and its squared norm
+    (float64 sums), a block of rows at a time into P, each block's norms while it is in cache (Qwen2.5-1.5B,
+    V = 151,936, d = 1,536, this project's 2-core CPU: 7.6 → 4.9 s, the same tensors, than squaring a
+    float64 copy of the whole P after joining the blocks; squared in place, 114 → 66 ms a block). -> [V, d], [V]"""
+    P = torch.empty(len(E), A.shape[1], device=E.device)
+    sq = torch.empty(len(E), dtype=torch.float64, device=E.device)
+    for start in range(0, len(E), 16384):
+        v = torch.arange(start, min(start + 16384, len(E)), device=E.device)
+        torch.mm(token_rows(E, table, v) - mx[:A.shape[0]].float(), A, out=P[start:start + len(v)])
+        sq[start:start + len(v)] = P[start:start + len(v)].double().square_().sum(1)
+    return P, sq.float()
 
 
 def lens_fitted(tap, config: LearnedConfig) -> bool:
