@@ -67,6 +67,20 @@ def test_free_memory_counts_the_allocators_unused_blocks(monkeypatch):
     assert device_mod.free_bytes("cuda") == 1000 + 3000 - 1200
 
 
+def test_memory_left_counts_memory_mapped_weights_as_taken(tmp_path):
+    """A model's weights mapped from a file (safetensors) sit in the page cache, which MemAvailable counts as
+    free: memory_left subtracts them; tensors in anonymous memory are not counted."""
+    path = tmp_path / "w.bin"
+    with open(path, "wb") as f:
+        f.truncate(1 << 28)  # 256 MiB, sparse: mapped, never read
+    mapped = torch.from_file(str(path), shared=True, size=1 << 26)  # float32
+    plain = torch.randn(1 << 10)
+    assert device_mod.file_backed_bytes([mapped, mapped[10:], plain]) == 1 << 28  # each storage once
+    assert device_mod.file_backed_bytes([plain]) == 0
+    if device_mod.memory_left("cpu") is not None:  # (Linux)
+        assert device_mod.memory_left("cpu", [mapped]) < device_mod.memory_left("cpu") - (1 << 27)
+
+
 def test_exact_matmul_turns_tf32_off(monkeypatch):
     torch.backends.cuda.matmul.allow_tf32 = True
     try:

@@ -113,18 +113,36 @@ def test_taps_that_do_not_fit_in_memory_are_fitted_in_several_passes_alike(lm, c
     layers = [1, 2, 3, 4]
     taps = [LayerTap(lm, layer) for layer in layers]
     two = 2.5 * _held_bytes(lm, taps[0], FAST) + _made_bytes(lm, taps[0])
-    monkeypatch.setattr(fit, "memory_left", lambda device: two / fit.FIT_MEMORY)
+    monkeypatch.setattr(fit, "memory_left", lambda device, keep=(): two / fit.FIT_MEMORY)
     assert [[t.layer for t in p] for p in _passes(lm, taps, FAST)] == [[1, 2], [3, 4]]
-    monkeypatch.setattr(fit, "memory_left", lambda device: None)  # unknown: one pass
+    monkeypatch.setattr(fit, "memory_left", lambda device, keep=(): None)  # unknown: one pass
     assert _passes(lm, taps[::-1], FAST) == [taps]
 
-    monkeypatch.setattr(fit, "memory_left", lambda device: two / fit.FIT_MEMORY)
+    monkeypatch.setattr(fit, "memory_left", lambda device, keep=(): two / fit.FIT_MEMORY)
     seconds = calibrate_cached_layers(lm, layers, FAST)
     assert "in 2 passes (to fit in memory)" in capsys.readouterr().err and all(s > 0 for s in seconds.values())
     for layer, one_pass in zip(layers, calibrate_layers(lm, layers, FAST)):
         cached = load_cached(LayerTap(lm, layer), FAST)
         assert cached.key == one_pass.key and cached.gain == one_pass.gain
         assert torch.allclose(cached.P, one_pass.P, rtol=1e-4, atol=1e-4 * float(one_pass.P.abs().max()))
+
+
+def test_passes_count_the_model_weights_taken_only_where_the_pass_runs_them(lm, monkeypatch):
+    """A pass through the model itself needs its (possibly memory-mapped) weights in memory; a pass through a
+    lower-precision copy does not."""
+    from sipit.invert.learned import fit
+
+    kept = []
+
+    def memory_left(device, keep=()):
+        kept[:] = list(keep)
+        return None
+
+    monkeypatch.setattr(fit, "memory_left", memory_left)
+    for config in (FAST, SAMPLED):
+        fit._passes(lm, [LayerTap(lm, 1)], config)
+        runs_model = fit._runner_dtype(lm, config) == lm.dtype
+        assert len(kept) == (len(list(lm.model.parameters())) if runs_model else 0)
 
 
 def test_fast_mode_observes_only_the_sampled_tokens_at_position_0(lm):

@@ -467,14 +467,17 @@ FIT_MEMORY = 0.6  # of the memory left (device.memory_left), what a calibration 
 def _passes(lm, taps: list, config: LearnedConfig) -> list[list]:
     """The taps, shallowest first, cut into consecutive groups, one fitting pass each (a pass runs the blocks
     its deepest tap reads), so that what a pass holds for every tap until it ends (_held_bytes) fits FIT_MEMORY
-    of the memory left on lm's device, less the fast mode's copy of the model and one calibration being made
-    (_made_bytes); a single pass where the memory is unknown. (An 8B model's 33 layers in fast mode hold ~1.7
+    of the memory left on lm's device (less the model's memory-mapped weights where the pass runs them), less
+    the fast mode's copy of the model and one calibration being made (_made_bytes); a single pass where the
+    memory is unknown. (An 8B model's 33 layers in fast mode hold ~1.7
     GB each: 58 GB in one pass.)"""
     taps = sorted(taps, key=lambda t: t.blocks_read)
-    left = memory_left(lm.device)
+    dtype = _runner_dtype(lm, config)
+    # a pass that runs the model itself needs its weights in memory: where they map a file (safetensors), they
+    # sit in the page cache, which memory_left counts as free unless told; a pass that runs a copy does not
+    left = memory_left(lm.device, lm.model.parameters() if dtype == lm.dtype else ())
     if left is None:
         return [taps]
-    dtype = _runner_dtype(lm, config)
     copy = 0 if dtype == lm.dtype else sum(p.numel() for p in lm.model.parameters()) * dtype.itemsize
     budget = FIT_MEMORY * left - copy - max(_made_bytes(lm, t) for t in taps)
     passes, held = [[]], 0
