@@ -108,13 +108,17 @@ def memory_left(device: torch.device | str, keep=()) -> int | None:
 def file_backed_bytes(tensors) -> int:
     """Bytes of the tensors' distinct storages that lie in a file's memory mapping (/proc/self/maps: Linux;
     0 elsewhere)."""
+    maps = []  # (start, end) of each file's mapping
     try:
         with open("/proc/self/maps") as f:
-            maps = sorted((int(a, 16), int(b, 16)) for (a, b), path in (
-                (parts[0].split("-"), parts[5] if len(parts) > 5 else "") for parts in map(str.split, f))
-                if path.startswith("/"))
-    except (OSError, ValueError, IndexError):
+            for line in f:
+                fields = line.split()  # address range, permissions, offset, device, inode[, path]
+                if len(fields) > 5 and fields[5].startswith("/"):
+                    start, end = fields[0].split("-")
+                    maps.append((int(start, 16), int(end, 16)))
+    except OSError:
         return 0
+    maps.sort()
     starts = [a for a, _ in maps]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.device.type == "cpu"}
     total = 0

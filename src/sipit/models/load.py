@@ -19,9 +19,9 @@ import hashlib
 import importlib.util
 import json
 import os
-import time
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 

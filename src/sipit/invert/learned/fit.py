@@ -469,8 +469,7 @@ def _passes(lm, taps: list, config: LearnedConfig) -> list[list]:
     its deepest tap reads), so that what a pass holds for every tap until it ends (_held_bytes) fits FIT_MEMORY
     of the memory left on lm's device (less the model's memory-mapped weights where the pass runs them), less
     the fast mode's copy of the model and one calibration being made (_made_bytes); a single pass where the
-    memory is unknown. (An 8B model's 33 layers in fast mode hold ~1.7
-    GB each: 58 GB in one pass.)"""
+    memory is unknown. (An 8B model's 33 layers in fast mode hold ~1.7 GB each: 58 GB in one pass.)"""
     taps = sorted(taps, key=lambda t: t.blocks_read)
     dtype = _runner_dtype(lm, config)
     # a pass that runs the model itself needs its weights in memory: where they map a file (safetensors), they
