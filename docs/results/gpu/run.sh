@@ -9,7 +9,9 @@
 #                                         # (prefixes of 160-2,048 tokens), then one 160-token prompt, 240 s
 #   bash docs/results/gpu/run.sh calibrate  # calibrate_all.py: every layer's fast calibration in as few passes as fit
 #                                         # the GPU's memory, seconds per layer per billion parameters, load seconds
-#   bash docs/results/gpu/run.sh          # all but long and calibrate (more than one 10-minute device call: run the parts)
+#   bash docs/results/gpu/run.sh passes     # pass_tokens_ab.py: shared passes of 1,024 vs 4,096 new tokens (a full
+#                                         # certificate, 8 prompts in lock-step), same results
+#   bash docs/results/gpu/run.sh          # all but long, calibrate and passes (more than one 10-minute device call: run the parts)
 # Each inversion run stops after ${CAP:-240} s; --progress prints a line per prompt as it finishes, so a
 # stopped run still shows its finished prompts. ${PROMPTS:-3} 20-token random-id prompts per run.
 set -uo pipefail
@@ -65,4 +67,7 @@ if [ "$what" = long ]; then
 fi
 if [ "$what" = calibrate ]; then
     timeout "${CAP:-240}" $PY docs/results/gpu/calibrate_all.py "$OUT/calibrate_all.json" 2>&1 | tee "$OUT/calibrate_all.txt"
+fi
+if [ "$what" = passes ]; then
+    timeout "${CAP:-240}" $PY docs/results/gpu/pass_tokens_ab.py "$OUT/pass_tokens_ab.json" 2>&1 | tee "$OUT/pass_tokens_ab.txt"
 fi
