@@ -13,6 +13,7 @@ def test_bench_invert_reports_every_policy_on_the_same_prompts():
                  prompts=2, length=6, slow_prompts=1, slow_positions=2, slow_max_seconds=60, certify=("top:8",),
                  certify_prompts=1, batches=(1, 3, 8), threads=1)
     out = run(cfg)
+    assert out["loop"] == dict(batch_size=256, speculate_tokens=32, pass_tokens=1024)  # the CPU's
     layer = out["layers"]["2"]
     learned, exhaustive = layer["policies"]["learned"], layer["policies"]["exhaustive"]
     assert learned["prompts"] == 4 and learned["exact"] == 4 and not learned["extrapolated"]

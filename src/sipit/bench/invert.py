@@ -35,7 +35,7 @@ import torch
 
 from . import sync
 from ..invert import InvertConfig, SipIt
-from ..invert.config import batch_size_for
+from ..invert.config import batch_size_for, pass_tokens_for, speculate_tokens_for
 from ..invert.eps import tolerance_for
 from ..invert.learned.cli import add_calibration_option
 from ..invert.learned.config import calibration_config
@@ -261,6 +261,9 @@ def run(cfg: Config) -> dict:
     out = dict(bench="invert", config=asdict(cfg), calibration_leaks=leaked(
         [p for _, p in data], calibration_ids(lm, learned.calibration_tokens)), layers={})
     out["device"] = torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else f"cpu, {cfg.threads} threads"
+    out["loop"] = dict(batch_size=batch_size_for(cfg, lm.device),  # the device's settings of the SipIt loop
+                       speculate_tokens=speculate_tokens_for(InvertConfig(), lm.device),
+                       pass_tokens=pass_tokens_for(InvertConfig(), lm.device))
     ids = torch.tensor([p for _, p in data], device=lm.device)
     for layer in layers:
         layer = lm.layer_index(layer)
