@@ -198,3 +198,23 @@ def test_row_dots_equal_the_gathered_product():
     assert torch.allclose(row_dots(table, ids, x, rows=16), (table[ids] @ x[:, :, None])[..., 0], atol=1e-6)
     assert row_dots(table, ids[:0], x[:0]).shape == (0, 5)
 
+
+
+def test_the_lm_prior_starts_at_position_2(lm):
+    """The prior reads ĥ_{t−1}; at position 1 that is the first token's state (an attention sink without a BOS),
+    so position 1's guess is the plain one, in the first guesses and in revisions; later positions take it."""
+    tap = LayerTap(lm, lm.n_layers)
+    ranker = LinearRanker(calibrate(tap, FAST), tap)
+    ranker.cal.lm_gate, ranker.cal.lm_weight = -float("inf"), 1e4  # the prior on for every prompt, and deciding
+    ids = torch.tensor(lm.encode("The cat sat on the mat and looked at the dog.")[:10])
+    target = tap.states(ids).float()
+    (guess, prior), = ranker.guesses([target])
+    r = ranker.context_residuals(target)
+    with_prior = ranker.screen_prior(r, ranker.lm.norm(target[:-1]).float())
+    assert with_prior[0] != ranker.screen(r[:1])[0]  # (the prior would change position 1's guess)
+    assert prior and guess[0] == ranker.screen(r[:1])[0] and torch.equal(guess[1:], with_prior[1:])
+    states = target[1:4] + 0.1
+    new, = ranker.revised([(target, 1, ids[1:4], states, True)])
+    later, = ranker.revised([(target, 2, ids[2:4], states[1:], True)])
+    alone, = ranker.revised([(target, 1, ids[1:2], states[:1], False)])
+    assert new[0] == alone[0] and torch.equal(new[1:], later)
