@@ -5,24 +5,14 @@ to the anchored residuals (ridge weight a x the mean eigenvalue, a = 0.1, 1, 10)
 
     python local_fit.py LAYER SEEDS N        e.g. 30 293 336"""
 import sys, torch
-from sipit.bench.invert import prompts
-from sipit.invert import InvertConfig, SipIt
-from sipit.invert.eps import tolerance_for
-from sipit.invert.learned.config import calibration_config
-from sipit.models import LayerTap, load_model
-torch.set_num_threads(2)
+from common import bench_prompts, ranker_at, smollm2
 layer, seeds, N = int(sys.argv[1]), [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3])
-lm = load_model("smollm2"); tap = LayerTap(lm, layer); eng = None
-E = lm.embedding_rows().float()
-res = []
+lm = smollm2()
+tap, rk = ranker_at(lm, layer)
+c, E = rk.cal, lm.embedding_rows().float()
 for seed in seeds:
-    data = prompts(lm, ["prose", "code", "random", "chat"], 10, 20, seed)
-    ids = torch.tensor([p for _, p in data]); states = tap.states(ids)
-    if eng is None:
-        eng = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=tolerance_for(tap, {states.dtype}).eps)
-    rk = eng.policy.ranker; c = rk.cal
-    for i, (k, p) in enumerate(data):
-        target = states[i].float()
+    data, ids, states = bench_prompts(lm, tap, seed)
+    for i, ((k, p), target) in enumerate(zip(data, states)):
         prior = rk.guesses([target])[0][1]
         for t in range(1, 20):
             truth = int(ids[i, t])

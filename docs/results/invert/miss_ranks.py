@@ -3,23 +3,17 @@ prior, and by the LM's next-token scores alone read off the observed previous st
 turn the prior on.
 
     python miss_ranks.py LAYER SEED PROMPT:POSITION,...        e.g. 30 293 1:1,26:3,28:16"""
-import sys, torch
-from sipit.bench.invert import prompts
-from sipit.invert import InvertConfig, SipIt
-from sipit.invert.eps import tolerance_for
-from sipit.invert.learned.config import calibration_config
-from sipit.models import LayerTap, load_model
-torch.set_num_threads(2)
+import sys
+from common import bench_prompts, ranker_at, smollm2
 layer, seed = int(sys.argv[1]), int(sys.argv[2])
 cases = [tuple(map(int, c.split(":"))) for c in sys.argv[3].split(",")]  # prompt:position
-lm = load_model("smollm2"); tap = LayerTap(lm, layer)
-data = prompts(lm, ["prose", "code", "random", "chat"], 10, 20, seed)
-ids = torch.tensor([p for _, p in data]); states = tap.states(ids)
-eng = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=tolerance_for(tap, {states.dtype}).eps)
-rk = eng.policy.ranker; cal = rk.cal
+lm = smollm2()
+tap, rk = ranker_at(lm, layer)
+data, ids, states = bench_prompts(lm, tap, seed)
+cal = rk.cal
 print("has_prior", cal.has_prior, "lm_gate", cal.lm_gate, "lm_weight", cal.lm_weight)
 for i, t in cases:
-    target = states[i].float(); truth = int(ids[i, t])
+    target = states[i]; truth = int(ids[i, t])
     g = rk.guesses([target])[0]
     lp = rk.lm_logprobs([target], [g[0]])[0]
     rank = lambda s: int((s > s[truth]).sum())

@@ -2,24 +2,15 @@
 ranker's scores without and with the prior (top-1 counts, which is better, ranks of 16 and deeper, rank sums).
 
     python prior_by_position.py LAYER SEEDS        e.g. 30 293,307"""
-import sys, torch
-from sipit.bench.invert import prompts
-from sipit.invert import InvertConfig, SipIt
-from sipit.invert.eps import tolerance_for
-from sipit.invert.learned.config import calibration_config
-from sipit.models import LayerTap, load_model
-torch.set_num_threads(2)
+import sys
+from common import bench_prompts, ranker_at, smollm2
 layer, seeds = int(sys.argv[1]), [int(s) for s in sys.argv[2].split(",")]
-lm = load_model("smollm2"); tap = LayerTap(lm, layer); eng = None
+lm = smollm2()
+tap, rk = ranker_at(lm, layer)
 rows = {1: [], 2: [], 3: [], 4: []}
 for seed in seeds:
-    data = prompts(lm, ["prose", "code", "random", "chat"], 10, 20, seed)
-    ids = torch.tensor([p for _, p in data]); states = tap.states(ids)
-    if eng is None:
-        eng = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=tolerance_for(tap, {states.dtype}).eps)
-    rk = eng.policy.ranker
-    for i, (k, p) in enumerate(data):
-        target = states[i].float()
+    data, ids, states = bench_prompts(lm, tap, seed)
+    for i, target in enumerate(states):
         if not rk.guesses([target])[0][1]: continue
         for t in (1, 2, 3, 4):
             truth = int(ids[i, t])

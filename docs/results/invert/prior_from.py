@@ -2,26 +2,18 @@
 prompts with the prior on, their wrong guesses at position 1, and wrong guesses over every position of the set.
 
     python prior_from.py LAYER SEEDS        e.g. 30 293,307,311,313"""
-import sys, torch
-from sipit.bench.invert import prompts
-from sipit.invert import InvertConfig, SipIt
-from sipit.invert.eps import tolerance_for
+import sys
+from common import bench_prompts, ranker_at, smollm2
 from sipit.invert.learned import ranker as ranker_mod
-from sipit.invert.learned.config import calibration_config
-from sipit.models import LayerTap, load_model
-torch.set_num_threads(2)
 layer, seeds = int(sys.argv[1]), [int(s) for s in sys.argv[2].split(",")]
-lm = load_model("smollm2"); tap = LayerTap(lm, layer); eng = None
+lm = smollm2()
+tap, rk = ranker_at(lm, layer)
 for seed in seeds:
-    data = prompts(lm, ["prose", "code", "random", "chat"], 10, 20, seed)
-    ids = torch.tensor([p for _, p in data]); states = tap.states(ids)
-    if eng is None:
-        eng = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=tolerance_for(tap, {states.dtype}).eps)
-    rk = eng.policy.ranker
+    data, ids, states = bench_prompts(lm, tap, seed)
     out = []
     for frm in (1, 2):
         ranker_mod.PRIOR_FROM = frm
-        g = rk.guesses([s.float() for s in states])
+        g = rk.guesses(states)
         on = [i for i, (_, p) in enumerate(g) if p]
         wrong1 = sum(int(g[i][0][0] != ids[i, 1]) for i in on)
         wrong_all = sum(int((g[i][0] != ids[i, 1:]).sum()) for i in range(len(g)))

@@ -2,18 +2,16 @@
 candidates (which token, how many, found how).
 
     python slow_prompts.py LAYER SEED KINDS        e.g. 30 293 prose,code,random"""
-import sys, time, torch
-from sipit.bench.invert import prompts
+import sys, time
+from common import bench_prompts, smollm2
 from sipit.invert import InvertConfig, SipIt
 from sipit.invert.eps import tolerance_for
 from sipit.invert.learned.config import calibration_config
-from sipit.models import LayerTap, load_model
-torch.set_num_threads(2)
+from sipit.models import LayerTap
 layer, seed, kinds = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
-lm = load_model("smollm2"); tap = LayerTap(lm, layer)
-data = prompts(lm, ["prose", "code", "random", "chat"], 10, 20, seed)
-ids = torch.tensor([p for _, p in data]); states = tap.states(ids)
-eng = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=tolerance_for(tap, {states.dtype}).eps)
+lm = smollm2(); tap = LayerTap(lm, layer)
+data, ids, states = bench_prompts(lm, tap, seed)
+eng = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=tolerance_for(tap, {tap.lm.dtype}).eps)
 for i, (k, p) in enumerate(data):
     if k not in kinds: continue
     t = time.perf_counter(); r = eng.invert_prompt(states[i], p); dt = time.perf_counter() - t
