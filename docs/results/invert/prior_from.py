@@ -1,5 +1,6 @@
-"""The first guesses with the LM prior from position 1 (PRIOR_FROM = 1, as before) and from position 2 (now):
-prompts with the prior on, their wrong guesses at position 1, and wrong guesses over every position of the set.
+"""The first guesses reading the LM head off the previous state (the LM prior at the last layer, the lens below it)
+from position 1 (PRIOR_FROM = 1, as before) and from position 2 (now): prompts whose guesses read it, their wrong
+guesses at position 1, and wrong guesses over every position of the set.
 
     python prior_from.py LAYER SEEDS        e.g. 30 293,307,311,313"""
 import sys
@@ -8,14 +9,22 @@ from sipit.invert.learned import ranker as ranker_mod
 layer, seeds = int(sys.argv[1]), [int(s) for s in sys.argv[2].split(",")]
 lm = smollm2()
 tap, rk = ranker_at(lm, layer)
+
+
+def reads_lm(h) -> bool:
+    if rk.cal.has_prior:
+        return rk.guesses([h])[0][1]
+    top = rk.screen_best(rk.context_residuals(h))[0]
+    return rk.cal.lens_w is not None and rk.lens_text_score(rk.lens_logits(h[:-1], top)) > rk.cal.lens_gate
+
+
 for seed in seeds:
     data, ids, states = bench_prompts(lm, tap, seed)
+    on = [i for i, h in enumerate(states) if reads_lm(h)]
     out = []
     for frm in (1, 2):
         ranker_mod.PRIOR_FROM = frm
-        g = rk.guesses(states)
-        on = [i for i, (_, p) in enumerate(g) if p]
-        wrong1 = sum(int(g[i][0][0] != ids[i, 1]) for i in on)
-        wrong_all = sum(int((g[i][0] != ids[i, 1:]).sum()) for i in range(len(g)))
-        out.append(f"PRIOR_FROM={frm}: prior on {len(on)}, wrong at position 1 {wrong1}, wrong in all {wrong_all}")
+        g = [guess for guess, _ in rk.guesses(states)]
+        out.append(f"PRIOR_FROM={frm}: {'prior' if rk.cal.has_prior else 'lens'} on {len(on)}, wrong at position 1 "
+                   f"{sum(int(g[i][0] != ids[i, 1]) for i in on)}, wrong in all {sum(int((x != p[1:]).sum()) for x, p in zip(g, ids))}")
     print(seed, " | ".join(out))

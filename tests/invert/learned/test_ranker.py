@@ -58,7 +58,8 @@ def test_guesses_recover_a_text_prompt(lm, ranker):
 def test_the_lens_reranks_the_screens_best_of_text_like_prompts_only(lm, ranker):
     """Below the last layer the calibration has a lens: the LM head read through a translation of the previous
     state. A prompt scoring above lens_gate gets the screen's best re-ranked by score + 2·lm_weight·logit
-    (with a huge weight: the best logit among them); one below keeps the plain top-1."""
+    (with a huge weight: the best logit among them) from position 2 on (PRIOR_FROM); one below keeps the plain
+    top-1."""
     import copy
 
     cal = ranker.cal
@@ -67,8 +68,9 @@ def test_the_lens_reranks_the_screens_best_of_text_like_prompts_only(lm, ranker)
     top, scores = ranker.screen_best(ranker.context_residuals(target))
     assert top.shape[1] == min(ranker.screen_top, lm.vocab_size) and bool((scores[:, :-1] >= scores[:, 1:]).all())
     logits = ranker.lens_logits(target[:-1], top)
-    assert not torch.equal(logits.argmax(1), torch.zeros(len(top), dtype=torch.long))  # the two cases differ
-    for gate, weight, expect in ((float("inf"), 5.0, top[:, 0]), (-float("inf"), 1e6, top.gather(1, logits.argmax(1, keepdim=True))[:, 0])):
+    assert logits[0].argmax() != 0 and not torch.equal(logits.argmax(1), torch.zeros(len(top), dtype=torch.long))
+    reranked = torch.cat([top[:1, 0], top.gather(1, logits.argmax(1, keepdim=True))[1:, 0]])  # (position 1: plain)
+    for gate, weight, expect in ((float("inf"), 5.0, top[:, 0]), (-float("inf"), 1e6, reranked)):
         other = copy.copy(ranker)
         other.cal = copy.copy(cal)
         other.cal.lens_gate, other.cal.lm_weight = gate, weight
