@@ -1,11 +1,12 @@
 """Shared passes of 1,024 new tokens (the CPU's default, every device's before) against 4,096 (a GPU's default
-now, InvertConfig.pass_tokens), the same prompts alternating in one process: (a) one 20-token random-id prompt
+now, InvertConfig.pass_tokens), the same prompts, one setting after the other in one process: (a) one 20-token random-id prompt
 certified in full (the whole vocabulary evaluated at every position, in the loop's shared passes); (b) 8 prompts
 in lock-step, no certificates. Every result must be the same with both.
 
     PYTHONPATH=src python docs/results/gpu/pass_tokens_ab.py OUT.json [MODEL] [LAYER] [REPEATS]
 
-Defaults: random:llama-3.1-8b (bf16 on a GPU, fp32 on a CPU), layer 1, 1 repeat (each run on a fresh engine: the same history). Writes the JSON as each part ends.
+Defaults: random:llama-3.1-8b (bf16 on a GPU, fp32 on a CPU), layer 1, 1 repeat (each run on a fresh engine: the
+same history). Writes the JSON as each part ends.
 """
 import json
 import statistics

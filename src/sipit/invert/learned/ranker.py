@@ -203,7 +203,8 @@ class LinearRanker:
             on = i > 0 and self.lens_text_score(lg) > self.cal.lens_gate
             best = s[:, 0].clone()
             if on:  # (not position 1: PRIOR_FROM)
-                best[PRIOR_FROM - 1:] = s.gather(1, (v + 2 * self.cal.lm_weight * lg).argmax(1, keepdim=True))[PRIOR_FROM - 1:, 0]
+                reranked = s.gather(1, (v + 2 * self.cal.lm_weight * lg).argmax(1, keepdim=True))[:, 0]
+                best[PRIOR_FROM - 1:] = reranked[PRIOR_FROM - 1:]
             out.append(best)
         return out
 
