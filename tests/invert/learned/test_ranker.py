@@ -201,7 +201,6 @@ def test_row_dots_equal_the_gathered_product():
     assert row_dots(table, ids[:0], x[:0]).shape == (0, 5)
 
 
-
 def test_the_lm_prior_starts_at_position_2(lm):
     """The prior reads ĥ_{t−1}; at position 1 that is the first token's state (an attention sink without a BOS),
     so position 1's guess is the plain one, in the first guesses and in revisions; later positions take it."""
