@@ -18,9 +18,9 @@ def smollm2():
     return load_model("smollm2")
 
 
-def ranker_at(lm, layer: int):
-    """(the tap at layer, its LinearRanker from the full calibration)."""
-    engine = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")), eps=1e-4)
+def ranker_at(lm, layer: int, calibration: str = "full"):
+    """(the tap at layer, its LinearRanker from the calibration of that mode, full by default)."""
+    engine = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config(calibration)), eps=1e-4)
     return LayerTap(lm, layer), engine.policy.ranker
 
 

@@ -1,14 +1,18 @@
 """The first guesses reading the LM head off the previous state (the LM prior at the last layer, the lens below it)
-from position 1 (PRIOR_FROM = 1, as before) and from position 2 (now): prompts whose guesses read it, their wrong
-guesses at position 1, and wrong guesses over every position of the set.
+from position 1 (PRIOR_FROM = 1) and from position 2 (PRIOR_FROM = 2): prompts whose guesses read it, their wrong
+guesses at position 1, and wrong guesses over every position of the set. Needs the ranker of f42d9c4..3e9f081, where
+ranker.PRIOR_FROM existed (`git checkout 3e9f081 -- src/sipit/invert/learned/ranker.py`): it was reverted after
+Qwen2.5-Coder-1.5B's last layer did worse with it (prior_from-qwen-28.txt); the ranker now reads it from position 1.
 
-    python prior_from.py LAYER SEEDS        e.g. 30 293,307,311,313"""
+    python prior_from.py LAYER SEEDS [MODEL CALIBRATION]        e.g. 30 293,307,311,313 (SmolLM2, full)"""
 import sys
-from common import bench_prompts, ranker_at, smollm2
+from common import bench_prompts, ranker_at
 from sipit.invert.learned import ranker as ranker_mod
+from sipit.models import load_model
 layer, seeds = int(sys.argv[1]), [int(s) for s in sys.argv[2].split(",")]
-lm = smollm2()
-tap, rk = ranker_at(lm, layer)
+model, calibration = (sys.argv[3:5] + ["smollm2", "full"][len(sys.argv[3:5]):])[:2]
+lm = load_model(model)
+tap, rk = ranker_at(lm, layer, calibration)
 
 
 def reads_lm(h) -> bool:

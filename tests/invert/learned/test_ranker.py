@@ -58,8 +58,7 @@ def test_guesses_recover_a_text_prompt(lm, ranker):
 def test_the_lens_reranks_the_screens_best_of_text_like_prompts_only(lm, ranker):
     """Below the last layer the calibration has a lens: the LM head read through a translation of the previous
     state. A prompt scoring above lens_gate gets the screen's best re-ranked by score + 2·lm_weight·logit
-    (with a huge weight: the best logit among them) from position 2 on (PRIOR_FROM); one below keeps the plain
-    top-1."""
+    (with a huge weight: the best logit among them); one below keeps the plain top-1."""
     import copy
 
     cal = ranker.cal
@@ -68,9 +67,8 @@ def test_the_lens_reranks_the_screens_best_of_text_like_prompts_only(lm, ranker)
     top, scores = ranker.screen_best(ranker.context_residuals(target))
     assert top.shape[1] == min(ranker.screen_top, lm.vocab_size) and bool((scores[:, :-1] >= scores[:, 1:]).all())
     logits = ranker.lens_logits(target[:-1], top)
-    assert logits[0].argmax() != 0 and not torch.equal(logits.argmax(1), torch.zeros(len(top), dtype=torch.long))
-    reranked = torch.cat([top[:1, 0], top.gather(1, logits.argmax(1, keepdim=True))[1:, 0]])  # (position 1: plain)
-    for gate, weight, expect in ((float("inf"), 5.0, top[:, 0]), (-float("inf"), 1e6, reranked)):
+    assert not torch.equal(logits.argmax(1), torch.zeros(len(top), dtype=torch.long))  # the two cases differ
+    for gate, weight, expect in ((float("inf"), 5.0, top[:, 0]), (-float("inf"), 1e6, top.gather(1, logits.argmax(1, keepdim=True))[:, 0])):
         other = copy.copy(ranker)
         other.cal = copy.copy(cal)
         other.cal.lens_gate, other.cal.lm_weight = gate, weight
@@ -200,22 +198,3 @@ def test_row_dots_equal_the_gathered_product():
     assert torch.allclose(row_dots(table, ids, x, rows=16), (table[ids] @ x[:, :, None])[..., 0], atol=1e-6)
     assert row_dots(table, ids[:0], x[:0]).shape == (0, 5)
 
-
-def test_the_lm_prior_starts_at_position_2(lm):
-    """The prior reads ĥ_{t−1}; at position 1 that is the first token's state (an attention sink without a BOS),
-    so position 1's guess is the plain one, in the first guesses and in revisions; later positions take it."""
-    tap = LayerTap(lm, lm.n_layers)
-    ranker = LinearRanker(calibrate(tap, FAST), tap)
-    ranker.cal.lm_gate, ranker.cal.lm_weight = -float("inf"), 1e4  # the prior on for every prompt, and deciding
-    ids = torch.tensor(lm.encode("The cat sat on the mat and looked at the dog.")[:10])
-    target = tap.states(ids).float()
-    (guess, prior), = ranker.guesses([target])
-    r = ranker.context_residuals(target)
-    with_prior = ranker.screen_prior(r, ranker.lm.norm(target[:-1]).float())
-    assert with_prior[0] != ranker.screen(r[:1])[0]  # (the prior would change position 1's guess)
-    assert prior and guess[0] == ranker.screen(r[:1])[0] and torch.equal(guess[1:], with_prior[1:])
-    states = target[1:4] + 0.1
-    new, = ranker.revised([(target, 1, ids[1:4], states, True)])
-    later, = ranker.revised([(target, 2, ids[2:4], states[1:], True)])
-    alone, = ranker.revised([(target, 1, ids[1:2], states[:1], False)])
-    assert new[0] == alone[0] and torch.equal(new[1:], later)

@@ -20,13 +20,6 @@ from .cache import Calibration
 
 STORE_ERR = {torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24}  # relative rounding of the stored table
 EXACT_TOP = 1024  # tokens per search ranking scored exactly after the low-rank screen (token_scores)
-PRIOR_FROM = 2  # the first position whose guess reads the LM head off the previous state (the LM prior at the last
-#                layer, the lens below it): at 1 that is ĥ_0, the state of a prompt's first token, which (no BOS before
-#                it) the model uses as an attention sink and whose LM reading does not predict the next token. SmolLM2
-#                layer 30, the 30 of 40 bench prompts a set with the prior on: wrong guesses at position 1 9 / 10 → 6 / 8
-#                on seeds 293 / 307 (where it was found), 10 / 10 → 6 / 4 on fresh seeds 311 / 313; at positions 2-4 the
-#                prior helps (docs/results/invert/prior_from.py). Layer 15's lens at position 1, the same four seeds:
-#                wrong 2 / 1 / 2 / 0 with it, 0 / 1 / 2 / 0 without (prior_from.py 15)
 SCREEN_ROWS = 128  # residuals per screening product: a [608, V] screen (32 prompts of 20 tokens) in one
 #                    product took 2.7x as long as in blocks of 128, whose [128, V] temporaries stay in cache
 
@@ -201,11 +194,7 @@ class LinearRanker:
         out = []
         for i, s, v, lg in zip(sizes, top.split(sizes), scores.split(sizes), logits.split(sizes)):
             on = i > 0 and self.lens_text_score(lg) > self.cal.lens_gate
-            best = s[:, 0].clone()
-            if on:  # (not position 1: PRIOR_FROM)
-                reranked = s.gather(1, (v + 2 * self.cal.lm_weight * lg).argmax(1, keepdim=True))[:, 0]
-                best[PRIOR_FROM - 1:] = reranked[PRIOR_FROM - 1:]
-            out.append(best)
+            out.append(s.gather(1, (v + 2 * self.cal.lm_weight * lg).argmax(1, keepdim=True))[:, 0] if on else s[:, 0])
         return out
 
     def screen_prior(self, r: Tensor, n: Tensor) -> Tensor:
@@ -241,10 +230,6 @@ class LinearRanker:
                 n = torch.cat([self._normed(target[t - 1:t + len(ids) - 1]).float()
                                for target, t, ids, _, _ in (items[i] for i in sel)])
                 top = self.screen_prior(r, n)
-                starts = torch.tensor([0, *[len(items[i][2]) for i in sel]]).cumsum(0)[:-1]
-                early = starts[torch.tensor([items[i][1] < PRIOR_FROM for i in sel])]  # rows at position 1
-                if len(early):
-                    top[early] = self.screen(r[early])
             else:
                 top = self.screen(r)
             for i, ids in zip(sel, top.split([len(items[i][2]) for i in sel])):
@@ -277,7 +262,6 @@ class LinearRanker:
             r = torch.cat([part for i, part in enumerate(r.split([len(t) - 1 for t in targets])) if i in on])
             n = torch.cat([self._normed(targets[i][:-1]).float() for i in on])  # [n, d]
             for i, b in zip(on, self.screen_prior(r, n).split([len(targets[i]) - 1 for i in on])):
-                b[:PRIOR_FROM - 1] = plain[i][:PRIOR_FROM - 1]  # (position 1: PRIOR_FROM)
                 out[i] = (b, True)
         return out
 
