@@ -35,7 +35,7 @@ import torch
 
 from . import sync
 from ..invert import InvertConfig, SipIt
-from ..invert.config import batch_size_for, pass_tokens_for, speculate_tokens_for
+from ..invert.config import batch_size_for
 from ..invert.eps import tolerance_for
 from ..invert.learned.cli import add_calibration_option
 from ..invert.learned.config import calibration_config
@@ -261,9 +261,6 @@ def run(cfg: Config) -> dict:
     out = dict(bench="invert", config=asdict(cfg), calibration_leaks=leaked(
         [p for _, p in data], calibration_ids(lm, learned.calibration_tokens)), layers={})
     out["device"] = torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else f"cpu, {cfg.threads} threads"
-    out["loop"] = dict(batch_size=batch_size_for(cfg, lm.device),  # the device's settings of the SipIt loop
-                       speculate_tokens=speculate_tokens_for(InvertConfig(), lm.device),
-                       pass_tokens=pass_tokens_for(InvertConfig(), lm.device))
     ids = torch.tensor([p for _, p in data], device=lm.device)
     for layer in layers:
         layer = lm.layer_index(layer)
@@ -282,6 +279,8 @@ def run(cfg: Config) -> dict:
             cap = None if fast else cfg.slow_max_seconds
             config = InvertConfig(policy=name, max_seconds=cap, learned=learned, batch_size=cfg.batch_size)
             engine = SipIt(lm, layer, config, final_norm=cfg.final_norm, eps=tol.eps)
+            out.setdefault("loop", {k: getattr(engine.config, k)  # the SipIt loop's settings on this device
+                                    for k in ("batch_size", "speculate_tokens", "pass_tokens")})
             before = _scored(engine)
             fwd, res = _invert_all(engine, tap, ids[sel], states[sel], T, cfg, f"L{layer} {name}")
             scored = _scored(engine) - before if before is not None else None

@@ -90,8 +90,8 @@ def memory_left(device: torch.device | str, keep=()) -> int | None:
     """Memory this process can still take on the device, in bytes: free_bytes on CUDA, the kernel's
     MemAvailable (free and reclaimable RAM) on a Linux CPU less what of `keep` (tensors that must stay in
     memory: a model's parameters) maps a file; None where unknown. Weights loaded from safetensors are
-    memory-mapped: read into the page cache on first use, which MemAvailable counts as free (Qwen2.5-1.5B's
-    7 GB: a calibration pass sized without them peaked at 23.1 of this machine's 24 GB)."""
+    memory-mapped: read into the page cache on first use, which MemAvailable counts as free (all 538 MB of
+    SmolLM2's dequantized weights, 7 GB of Qwen2.5-1.5B's)."""
     device = torch.device(device)
     if device.type == "cuda":
         return free_bytes(device)
