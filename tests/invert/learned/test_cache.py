@@ -3,6 +3,7 @@ import types
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from sipit.invert import InvertConfig
 from sipit.invert.learned import (Calibration, LearnedConfig, cache_path, calibrate, calibration_key, learned_config,
@@ -111,8 +112,6 @@ def test_default_key_unchanged_and_fast_mode_keyed_apart():
 def test_fast_calibration_round_trip(tmp_path):
     """A fast calibration's file holds its token models, not their [V, ·] predictions: loading makes the
     same ones again from the model's embedding rows, and refuses without them."""
-    from safetensors import safe_open
-
     from sipit.invert.learned.cache import MADE_ON_LOAD
 
     lm = load_model("tiny-llama")
@@ -127,6 +126,30 @@ def test_fast_calibration_round_trip(tmp_path):
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == pytest.approx(b), f.name
     with pytest.raises(ValueError, match="embedding rows"):
         Calibration.load(path)
+
+
+def test_fast_calibration_without_position0_norms_loads(tmp_path):
+    """A fast file saved before p0_sq was stored loads with the norms made from A0 and mx0, the ones stored now;
+    position 0's dots from the embedding rows are those of the [V, d] predictions never made."""
+    from safetensors.torch import load_file, save_file
+
+    from sipit.invert.learned.cache import predictions
+    from sipit.invert.learned.ranker import position0_dots
+
+    lm = load_model("tiny-llama")
+    cal = calibrate(LayerTap(lm, 1), SAMPLED)
+    path = cal.save(tmp_path / "c.safetensors")
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    tensors = load_file(str(path))
+    del tensors["p0_sq"]
+    save_file(tensors, str(path), metadata=meta)
+    back = Calibration.load(path, embedding=lm.embedding_rows())
+    assert torch.allclose(back.p0_sq, cal.p0_sq, rtol=1e-6)
+    E = lm.embedding_rows().float()
+    p0 = predictions(E, cal.mx0, cal.A0)[0]  # [V, d]
+    r0 = torch.randn(3, p0.shape[1])
+    assert torch.allclose(position0_dots(r0, cal.A0, cal.mx0, E), r0 @ p0.T, rtol=1e-4, atol=1e-3)
 
 
 def test_wide_models_fit_on_more_tokens_than_configured():

@@ -159,7 +159,7 @@ def test_fast_mode_observes_only_the_sampled_tokens_at_position_0(lm):
     cal = next(fit_calibrations([tap], observe, SAMPLED))
     assert sum(first_only) == SAMPLED.table_tokens < lm.vocab_size
     assert cal.table is None and cal.t_proj is None and cal.gain0 in SAMPLED.gains
-    assert cal.p0.shape == cal.P.shape == (lm.vocab_size, lm.d_model)
+    assert cal.p0_sq.shape == (lm.vocab_size,) and cal.P.shape == (lm.vocab_size, lm.d_model)
     assert cal.key != calibrate(tap, FAST).key
 
 

@@ -34,8 +34,9 @@ class Calibration:
         table [V, d]      every token's state (float16 when that fits; else float32)
         t_mean [d], t_basis [d, k], t_proj [V, k]   its centred principal subspace
     or (fast calibration: table_tokens set; the four above None) a whitened linear model of it,
-    fitted on a sample of tokens, r_0 = ĥ_0 W0 − c0w and score(v) = 2 r_0·P0_v − gain0 ‖P0_v‖²:
-        p0 [V, d], p0_sq [V], white0 [d, d] = W0, c0w [d], gain0
+    fitted on a sample of tokens, r_0 = ĥ_0 W0 − c0w and score(v) = 2 r_0·p0_v − gain0 ‖p0_v‖² with
+    p0_v = (e_v − mx0) A0 for the embedding rows e_v (position0_dots: p0 [V, d] is never made):
+        A0 [e, d], mx0 [≥ e], p0_sq [V] = ‖p0_v‖², white0 [d, d] = W0, c0w [d], gain0
     Positions t ≥ 1, the forward model h_t ≈ A e_v + B ĥ_{t−1} + c whitened by W = Σ^{-1/2} of its
     residuals: the context residual r_t = ĥ_t W − ĥ_{t−1} Bw − cw, and score(v) = 2 r_t·P_v − gain ‖P_v‖²:
         P [V, d] = W A e_v, P_sq [V], white [d, d] = W, Bw [d, d], cw [d], gain
@@ -47,10 +48,9 @@ class Calibration:
     of the observed state to the last layer's (a tuned lens, least squares on calibration text)
         lens_w [d, d], lens_b [d]: h_last ≈ ĥ lens_w + lens_b;  lens_gate: LinearRanker.lens_text_score
         above which a prompt's guesses are re-ranked with it (lm_weight)
-    A fast calibration also keeps the token models P and p0 come from, A [e, d] and mx [≥ e] (P = (E − mx) A
-    for the embedding rows E [V, e]: `predictions`), A0 and mx0 (p0 likewise): its file stores those instead of
-    the [V, ·] tensors made from them (MADE_ON_LOAD), which `load` makes again from E (Qwen2.5-1.5B: 2 GB a
-    layer otherwise, 58 GB for all its 29).
+    A fast calibration also keeps the token model P comes from, A [e, d] and mx [≥ e] (P = (E − mx) A for the
+    embedding rows E [V, e]: `predictions`): its file stores those instead of the [V, ·] tensors made from them
+    (MADE_ON_LOAD), which `load` makes again from E (Qwen2.5-1.5B: 2 GB a layer otherwise, 58 GB for all its 29).
     """
 
     key: str
@@ -71,7 +71,6 @@ class Calibration:
     u_proj: Tensor | None = None
     lm_gate: float | None = None
     lm_weight: float | None = None
-    p0: Tensor | None = None
     p0_sq: Tensor | None = None
     white0: Tensor | None = None
     c0w: Tensor | None = None
@@ -132,12 +131,13 @@ class Calibration:
             with torch.no_grad():
                 E = (embedding() if callable(embedding) else embedding).float().to(device)
                 cal.P, cal.P_sq = predictions(E, cal.mx, cal.A)
-                cal.p0, cal.p0_sq = predictions(E, cal.mx0, cal.A0)
+                if cal.p0_sq is None:  # saved before p0_sq was stored (a fast file's only change since: not a VERSION)
+                    cal.p0_sq = predictions(E, cal.mx0, cal.A0)[1]
                 cal.p_proj = cal.P @ cal.p_basis
         return cal
 
 
-MADE_ON_LOAD = ("P", "P_sq", "p_proj", "p0", "p0_sq")  # a fast calibration's [V, ·] tensors, made from A, mx, A0, mx0
+MADE_ON_LOAD = ("P", "P_sq", "p_proj")  # a fast calibration's [V, ·] tensors, made from A and mx
 
 
 def token_rows(E: Tensor, table: Tensor | None, v: Tensor) -> Tensor:

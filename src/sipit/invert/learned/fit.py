@@ -39,7 +39,7 @@ from ...models.tap import LayerTap, position0_tables, run_taps
 from .cache import Calibration, cache_path, calibration_key, lens_fitted, load_cached, predictions, token_rows
 from .config import LearnedConfig
 from .data import calibration_ids, random_ids
-from .ranker import LinearRanker
+from .ranker import LinearRanker, position0_dots
 
 Observe = Callable[[Tensor], list[Tensor]]  # ids [B, S] -> one [B, S, d] state tensor per target
 VALIDATION_LEN = 20  # tokens per validation row
@@ -165,8 +165,8 @@ def _whitening(resid: Tensor) -> Tensor:
 def position0_models(observe: Observe, E: Tensor, sample: Tensor, lam: float, batch: int = 1024,
                      desc: str = "") -> list[dict[str, Tensor]]:
     """Fast mode, per target: a ridge model h_0 ≈ A0 e_v + c0 fitted on the position-0 states of the sampled
-    ids [n] only: A0 [F, d] (whitened), mx0 [F], white0, c0w (see Calibration). Its predictions of every
-    token, p0 and p0_sq, are made one target at a time after the pass (cache.predictions, in fit_calibrations)."""
+    ids [n] only: A0 [F, d] (whitened), mx0 [F], white0, c0w (see Calibration). The norms of its predictions of
+    every token, p0_sq, are made one target at a time after the pass (cache.predictions, in _calibration)."""
     moments = None
     for v in _progress(sample.split(batch), f"calibration {desc}: position-0 sample"):
         states = observe(v[:, None])
@@ -236,10 +236,11 @@ def _best_gain(S: Tensor, P_sq: Tensor, truth: Tensor, gains) -> float:
     return max(gains, key=lambda g: (hits[g], g))
 
 
-def _position0_gain(p0: dict, H0: Tensor, truth: Tensor, gains) -> float:
-    """Fast mode: the gain of the position-0 model, chosen on fresh position-0 states H0 [n, d] of ids truth [n]."""
+def _position0_gain(p0: dict, E: Tensor, H0: Tensor, truth: Tensor, gains) -> float:
+    """Fast mode: the gain of the position-0 model p0 (position0_models', with p0_sq), chosen on fresh position-0
+    states H0 [n, d] of ids truth [n]; E: the embedding rows [V, e]."""
     r0 = H0.float() @ p0["white0"] - p0["c0w"]
-    return _best_gain(2 * r0 @ p0["p0"].T, p0["p0_sq"], truth, gains)
+    return _best_gain(2 * position0_dots(r0, p0["A0"], p0["mx0"], E), p0["p0_sq"], truth, gains)
 
 
 def _ranker(cal: Calibration, tap, cfg: LearnedConfig) -> LinearRanker:
@@ -368,10 +369,9 @@ def _calibration(tap, cfg: LearnedConfig, E: Tensor, model: dict, table: Tensor 
     (val, H_val), (gate_ids, H_gate) = validation, gate
     P, P_sq = predictions(E, model["mx"], model["A"], table)  # float32 products suffice here
     if pos0 is not None:  # position 0's gain from the fresh rows' first positions (text and random ids)
-        p0, p0_sq = predictions(E, pos0["mx0"], pos0["A0"])
-        fitted = dict(pos0, p0=p0, p0_sq=p0_sq)
+        fitted = dict(pos0, p0_sq=predictions(E, pos0["mx0"], pos0["A0"])[1])  # (its norms only: position0_dots)
         H0 = torch.cat([H_val[:, 0], H_gate[:, 0]])
-        gain0 = _position0_gain(fitted, H0, torch.cat([val[:, 0], gate_ids[:, 0]]), cfg.gains)
+        gain0 = _position0_gain(fitted, E, H0, torch.cat([val[:, 0], gate_ids[:, 0]]), cfg.gains)
         first = dict(fitted, gain0=gain0, table=None, t_mean=None, t_basis=None, t_proj=None)
     else:  # (P comes from the table too: stored, not made from E on load)
         del model["A"], model["mx"]
