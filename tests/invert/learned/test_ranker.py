@@ -94,6 +94,23 @@ def test_the_lm_stream_joins_from_the_third_batch(lm, ranker):
     assert sorted(torch.cat(batches).tolist()) == list(range(lm.vocab_size))  # every token once
 
 
+def test_the_norm_free_stream_joins_from_the_second_batch(lm, ranker):
+    """From the second batch on, a quarter of each follows the linear model without its norm term
+    (free_scores = scores + g²‖P_v‖²): its best token not yet given is in that batch; the first batch, without
+    anchors or a prior, is the main scores' best alone."""
+    ids = torch.tensor(lm.encode("The cat sat on the mat and looked at the dog.")[:6])
+    target = LayerTap(lm, 2).states(ids)
+    free = ranker.free_scores(target, 3)
+    assert torch.allclose(free, ranker.scores(target, 3, False) + ranker.gain ** 2 * ranker.cal.P_sq)
+    main = ranker.scores(target, 3, False)
+    empty = (torch.zeros(0, dtype=torch.long), target.new_zeros(0, target.shape[1]))
+    batches = list(ranker.ranking(target, 3, False, [4, 8, 16], lambda: empty))
+    assert batches[0].tolist() == main.topk(4).indices.tolist()
+    left = free.masked_fill(torch.zeros_like(free, dtype=torch.bool).index_fill_(0, batches[0], True), -float("inf"))
+    assert int(left.argmax()) in batches[1].tolist()
+    assert sorted(torch.cat(batches).tolist()) == list(range(lm.vocab_size))  # every token once
+
+
 def test_token_scores_screen_in_the_subspace_and_are_exact_for_the_best(lm, ranker, monkeypatch):
     """With a low-rank screen (rank 8 of d), token_scores is exact for the EXACT_TOP best by the projected
     distance (2g·(yB)·(P_v B) − g²‖P_v B‖²) and 2g·(yB)·(P_v B) − g²‖P_v‖² for the rest; a full-rank screen is

@@ -341,8 +341,12 @@ class LinearRanker:
         """Candidate batches for position t ≥ 1, best first, re-ranked before every batch from the
         candidates evaluated so far: anchors() -> (ids [n], states [n, d]), growing as the loop
         observes. A deep layer's ranker has heavy tails that are not always the same ranker's, so
-        3/4 of each batch follow the main ranker (anchored, prior as gated) and 1/4 the most
-        different one (no anchors, prior flipped). On text, from the third batch on — the main
+        3/4 of each batch follow the main ranker (anchored, prior as gated) and 1/4 another: in the
+        first batch the most different one (no anchors, prior flipped), from the second on the linear
+        model alone without its norm term (free_scores: the main scores' −g²‖P_v‖² buries tokens whose
+        predictions are long; SmolLM2 layer 30, nine truths the main scores ranked 535th to 49,146th:
+        0–67th at five, 373–1,605th at three, one lower, 1,979 → 7,420; docs/results/invert/README.md).
+        On text, from the third batch on — the main
         ranker has missed its first ones — a quarter of the main share goes to the LM's own
         next-token ranking alone: the linear model can misplace a token the LM predicts
         (Qwen2.5-Coder-1.5B, last layer, fast calibration: a code token ranked 29,049th by the main
@@ -353,18 +357,20 @@ class LinearRanker:
         [V] each if computed already (first_scores)."""
         V = self.cal.P.shape[0]
         given = torch.zeros(V, dtype=torch.bool, device=self.cal.P.device)
-        other = (not prior) if self.cal.has_prior else False
         lm_ranking = None  # the LM's next-token scores [V], asked for at the third batch
-        memo = {}  # what every batch would compute alike: the LM head's logits at t, the other ranker's scores
+        memo = {}  # what every batch would compute alike: the LM head's logits at t, the norm-free scores
 
         def once(key, compute):
             if key not in memo:
                 memo[key] = compute()
             return memo[key]
 
-        def scored(p: bool, seen=None) -> Tensor:  # scores(target, t, p, seen), the LM head read once
+        def scored(seen) -> Tensor:  # scores(target, t, prior, seen), the LM head read once
             s = self.scores(target, t, False, seen)
-            return s.add_(once("head", lambda: self.lm_scores(target, t)), alpha=2 * self.cal.lm_weight) if p else s
+            return s.add_(once("head", lambda: self.lm_scores(target, t)), alpha=2 * self.cal.lm_weight) if prior else s
+
+        def free() -> Tensor:  # free_scores(target, t), once (no anchors: the same for every batch)
+            return once("free", lambda: self.free_scores(target, t))
 
         for k, size in enumerate(itertools.chain(sizes, itertools.repeat(sizes[-1]))):
             left = int((~given).sum())
@@ -374,17 +380,16 @@ class LinearRanker:
             seen = anchors()
             if k == 0:
                 main, alt = first if first is not None else self.first_scores([(target, t, prior, seen)])[0]
-            else:  # (the other ranker has no anchors: after the first batch, scored once, as deep as the main one)
-                main, alt = scored(prior, seen), None
+            else:
+                main, alt = scored(seen), None
             main = main.masked_fill(given, -float("inf"))
-            n_alt = size // 4 if (self.cal.has_prior or len(seen[0])) else 0
+            n_alt = size // 4 if (k > 0 or self.cal.has_prior or len(seen[0])) else 0  # (else at k = 0 the main again)
             if k == 2:
                 lm_ranking = once("head", lambda: self.lm_scores(target, t)) if prior else prefix_lm()
             n_lm = size // 4 if lm_ranking is not None else 0
             batch = main.topk(size - n_alt - n_lm).indices
             given[batch] = True
-            for n, scores in ((n_alt, lambda: alt if alt is not None else once("other", lambda: scored(other))),
-                              (n_lm, lambda: lm_ranking)):
+            for n, scores in ((n_alt, lambda: alt if alt is not None else free()), (n_lm, lambda: lm_ranking)):
                 if n:
                     extra = scores().masked_fill(given, -float("inf")).topk(n).indices
                     given[extra] = True
@@ -399,6 +404,11 @@ class LinearRanker:
         other = [(target, t, (not prior) if self.cal.has_prior else False, None) for target, t, prior, _ in requests]
         s = self.scores_many(list(requests) + other, self.screen_top)
         return list(zip(s[:len(requests)], s[len(requests):]))
+
+    def free_scores(self, target: Tensor, t: int) -> Tensor:
+        """The linear model's scores at position t ≥ 1 without its norm term: 2g·P_v·y for the predicted
+        context's residual y (no anchors, no prior; `scores` plus the g²‖P_v‖² it subtracts). [V]"""
+        return self.scores(target, t, False).add_(self.cal.P_sq, alpha=self.gain ** 2)
 
     def lm_scores(self, target: Tensor, t: int) -> Tensor:
         """The LM's next-token logits at position t from the observed ĥ_{t−1} (its head on the normed
