@@ -11,6 +11,7 @@ below it, the guesses of text-like prompts re-ranked with the LM head read throu
 from __future__ import annotations
 
 import itertools
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -76,7 +77,6 @@ class LinearRanker:
             self.t_keep = 1 - (3 * k + 8) * 2.0 ** -24
             self.t_lower = (self.t_keep * t_sq - 1e-6 * t_sq.mean()).float()  # [V]
         self.unembed = self.lm.unembedding_rows().float() if cal.has_prior or cal.lens_w is not None else None
-        self.E = self.lm.embedding_rows().float() if cal.table is None else None  # position 0 without a table
         self.gain = cal.gain
         # the screens in the screening dtype (bfloat16 where native: 3x faster, and only orders candidates;
         # exact scores, position 0's bounds and the LM gate stay float32)
@@ -100,6 +100,12 @@ class LinearRanker:
         self.screen_table = torch.cat([proj, bias], 1)  # [V, r + 3]
         self.prior_table = torch.cat([proj, cal.u_proj.to(self.low), bias], 1) if cal.has_prior else None
         self.p_proj_low = self.screen_table[:, :proj.shape[1]]  # a view: token_scores' screen (its gain varies)
+
+    @cached_property
+    def E(self) -> Tensor:
+        """The embedding rows [V, e] in float32: position 0's scores without a table (position0_dots); made at the
+        first such score, never for the rankers a fit measures with."""
+        return self.lm.embedding_rows().float()
 
     def _count(self, positions: int) -> None:
         self.scored += positions * self.cal.P.shape[0]
