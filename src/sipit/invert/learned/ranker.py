@@ -29,7 +29,9 @@ def against(x: Tensor, table: Tensor) -> Tensor:
     """x [n, k] against every row of table [V, k]: x @ tableᵀ, [n, V]. For 2-16 rows in float32 computed as
     (table @ xᵀ)ᵀ: with MKL on this project's AVX2-only AMD CPU (2 threads, V = 49,152, k = 131) that took
     2.3-5.5 ms where x @ tableᵀ took 6-17 ms (a search's first ranking, the revisions after a miss);
-    at 64 rows and more it is the slower one (a lock-step batch's guesses)."""
+    at 64 rows and more it is the slower one (a lock-step batch's guesses). On an Intel Xeon with AMX it is the
+    other way round (2 rows, k = 576: 11 vs 3.7 ms), left so: such products are under 2% of a layer-30 lock-step
+    batch there (docs/results/invert/README.md)."""
     if x.dtype == torch.float32 and 2 <= len(x) <= 16:
         return (table @ x.T).T.contiguous()
     return x @ table.T
