@@ -32,6 +32,23 @@ def bench_prompts(lm, tap, seed: int, per_source: int = 10):
     return data, ids, [s.float() for s in tap.states(ids)]
 
 
+def position1(layer: int, seeds: list[int]):
+    """SmolLM2's ranker at a layer, the calibration's ids, and position 1 of the bench prompts of seeds (the scripts on
+    position 1's statistics): (lm, tap, ranker, calibration ids [N, S], [bench_prompts per seed], true ids [n],
+    states at positions 0 and 1, [n, d] each)."""
+    from sipit.invert.learned.config import LearnedConfig
+    from sipit.invert.learned.data import calibration_ids
+
+    lm = smollm2()
+    tap, rk = ranker_at(lm, layer)
+    cfg = LearnedConfig()
+    ids = calibration_ids(lm, cfg.sizes(lm.d_model, lm.vocab_size)[0], cfg.seq_len, cfg.random_fraction)
+    tests = [bench_prompts(lm, tap, seed) for seed in seeds]
+    truth = torch.cat([p[:, 1] for _, p, _ in tests])
+    H0, H1 = (torch.cat([torch.stack([s[i] for s in st]) for _, _, st in tests]) for i in (0, 1))
+    return lm, tap, rk, ids, tests, truth, H0, H1
+
+
 def median_ms(f, repeats: int = 7) -> float:
     """Median milliseconds of f() over repeats calls."""
     times = []

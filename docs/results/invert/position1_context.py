@@ -10,20 +10,11 @@ import sys
 import time
 
 import torch
-from common import bench_prompts, ranker_at, smollm2
-
-from sipit.invert.learned.config import LearnedConfig
-from sipit.invert.learned.data import calibration_ids
+from common import position1
 
 layer, seeds, N = int(sys.argv[1]), [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3])
-lm = smollm2()
-tap, rk = ranker_at(lm, layer)
-cal, cfg = rk.cal, LearnedConfig()
-ids = calibration_ids(lm, cfg.sizes(lm.d_model, lm.vocab_size)[0], cfg.seq_len, cfg.random_fraction)
-tests = [bench_prompts(lm, tap, seed) for seed in seeds]
-truth = torch.cat([p[:, 1] for _, p, _ in tests])  # [n]
-H0 = torch.cat([torch.stack([s[0] for s in st]) for _, _, st in tests])  # [n, d]
-H1 = torch.cat([torch.stack([s[1] for s in st]) for _, _, st in tests])
+lm, tap, rk, ids, tests, truth, H0, H1 = position1(layer, seeds)
+cal = rk.cal
 
 
 def ranks(r: torch.Tensor) -> torch.Tensor:

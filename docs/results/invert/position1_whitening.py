@@ -12,22 +12,14 @@ import sys
 import time
 
 import torch
-from common import bench_prompts, ranker_at, smollm2
-
-from sipit.invert.learned.config import LearnedConfig
-from sipit.invert.learned.data import calibration_ids
+from common import bench_prompts, position1
 
 layer, seeds = int(sys.argv[1]), [int(s) for s in sys.argv[2].split(",")]
 sizes, alphas = [int(n) for n in sys.argv[3].split(",")], [float(a) for a in sys.argv[4].split(",")]
 cases = [tuple(map(int, c.split(":"))) for c in sys.argv[5].split(",")] if len(sys.argv) > 5 else []
-lm = smollm2()
-tap, rk = ranker_at(lm, layer)
-cal, cfg = rk.cal, LearnedConfig()
-ids = calibration_ids(lm, cfg.sizes(lm.d_model, lm.vocab_size)[0], cfg.seq_len, cfg.random_fraction)
-tests = [bench_prompts(lm, tap, seed) for seed in seeds]
-truth = torch.cat([p[:, 1] for _, p, _ in tests])  # [n]
-r = torch.cat([torch.stack([s[1] for s in st]) @ cal.white - torch.stack([s[0] for s in st]) @ cal.Bw - cal.cw
-               for _, _, st in tests])  # position 1's context residuals [n, d]
+lm, tap, rk, ids, tests, truth, H0, H1 = position1(layer, seeds)
+cal = rk.cal
+r = H1 @ cal.white - H0 @ cal.Bw - cal.cw  # position 1's context residuals [n, d]
 picked = [(seed, i, bench_prompts(lm, tap, seed)) for seed, i in cases]
 case_truth = torch.tensor([int(p[i, 1]) for _, i, (_, p, _) in picked], dtype=torch.long)
 case_r = torch.stack([st[i][1] @ cal.white - st[i][0] @ cal.Bw - cal.cw for _, i, (_, _, st) in picked]) if cases else r[:0]
