@@ -224,7 +224,6 @@ def test_row_dots_equal_the_gathered_product():
     assert row_dots(table, ids[:0], x[:0]).shape == (0, 5)
 
 
-
 @pytest.mark.parametrize("V,k", [(49_152, 16), (4_100, 3), (4_100, 64), (300, 5)])
 @pytest.mark.parametrize("largest", [True, False])
 def test_top_rows_finds_what_topk_finds(V, k, largest):
@@ -234,7 +233,7 @@ def test_top_rows_finds_what_topk_finds(V, k, largest):
     g = torch.Generator().manual_seed(V + k)
     x = torch.randn(7, V, generator=g)
     x[1, 5 + (V // TOP_GROUP) * torch.arange(k)] += 100 if largest else -100  # row 1: all the best in one group
-    x[2, -2:] += 100 if largest else -100  # row 2: two of the best past the last whole block
+    x[2, -2:] += 100 if largest else -100  # row 2: two of the best past the last whole group
     want = x.topk(k, dim=1, largest=largest).indices
     assert torch.equal(top_rows(x, k, largest), want)
     assert torch.equal(top_rows(x[3], k, largest), want[3])

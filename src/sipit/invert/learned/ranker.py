@@ -47,8 +47,8 @@ def top_rows(x: Tensor, k: int, largest: bool = True) -> Tensor:
     TOP_GROUP rows of m, which vectorises, bfloat16 too), the k best groups, then the k best of their
     k·TOP_GROUP entries (and of the last V mod TOP_GROUP columns): a row's k best lie in the k groups whose
     bests are best. torch.topk does not vectorise a small k over a long row: on an Intel Xeon with AMX (2
-    threads) it took 1.1 ms of a one-prompt guess's [19, 49,152] screen and 9 ms of a [128, 49,152] block of a
-    lock-step batch's, about 4x what this takes. 1-D x: [k]."""
+    threads) it took 1.2-1.5 ms of a one-prompt guess's [19, 49,152] screen and 8-10 ms of a [128, 49,152] block
+    of a lock-step batch's, 2-4x what this takes (docs/results/invert/top_rows_cost.py). 1-D x: [k]."""
     if x.dim() == 1:
         return top_rows(x[None], k, largest)[0]
     n, V = x.shape
