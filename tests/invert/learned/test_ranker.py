@@ -224,15 +224,15 @@ def test_row_dots_equal_the_gathered_product():
     assert row_dots(table, ids[:0], x[:0]).shape == (0, 5)
 
 
-@pytest.mark.parametrize("V,k", [(49_152, 16), (4_100, 3), (4_100, 64), (300, 5)])
+@pytest.mark.parametrize("V,k", [(49_152, 16), (49_152, 256), (4_100, 3), (4_100, 65), (300, 5)])
 @pytest.mark.parametrize("largest", [True, False])
 def test_top_rows_finds_what_topk_finds(V, k, largest):
     """top_rows' two stages (groups' bests, then the best groups' entries; the columns past the last whole group
     always among them) give torch.topk's indices, best first, also where the best sit in one group or in the
-    tail, and for a 1-D row; (300, 5) and (4,100, 64) take topk itself."""
+    tail, and for a 1-D row; (4,100, 65) and (300, 5) take topk itself."""
     g = torch.Generator().manual_seed(V + k)
     x = torch.randn(7, V, generator=g)
-    x[1, 5 + (V // TOP_GROUP) * torch.arange(k)] += 100 if largest else -100  # row 1: all the best in one group
+    x[1, 5 + (V // TOP_GROUP) * torch.arange(min(k, TOP_GROUP))] += 100 if largest else -100  # row 1: one group's all best
     x[2, -2:] += 100 if largest else -100  # row 2: two of the best past the last whole group
     want = x.topk(k, dim=1, largest=largest).indices
     assert torch.equal(top_rows(x, k, largest), want)
