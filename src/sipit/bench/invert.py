@@ -259,7 +259,8 @@ def run(cfg: Config) -> dict:
     data = prompts(lm, list(cfg.kinds), cfg.prompts, cfg.length, cfg.seed)
     learned = calibration_config(cfg.calibration)
     out = dict(bench="invert", config=asdict(cfg), calibration_leaks=leaked(
-        [p for _, p in data], calibration_ids(lm, learned.calibration_tokens)), layers={})
+        [p for _, p in data], calibration_ids(lm, learned.calibration_tokens, sampled_fraction=learned.sampled_fraction)),
+        layers={})
     out["device"] = torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else f"cpu, {cfg.threads} threads"
     ids = torch.tensor([p for _, p in data], device=lm.device)
     for layer in layers:

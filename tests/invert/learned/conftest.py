@@ -1,3 +1,4 @@
+import copy
 from dataclasses import replace
 
 import pytest
@@ -13,6 +14,15 @@ SAMPLED = replace(FAST, table_tokens=128, low_precision_states=True)
 @pytest.fixture(scope="module", params=["tiny-gpt2", "tiny-llama"])
 def lm(request):
     return load_model(request.param)
+
+
+@pytest.fixture(scope="module")
+def sampling_lm():
+    """tiny-llama with a start token (id 0) in its tokenizer, so that it can sample text (data.model_samples)."""
+    lm = load_model("tiny-llama")
+    lm.tokenizer = copy.deepcopy(lm.tokenizer)
+    lm.tokenizer.bos_token = lm.tokenizer.convert_ids_to_tokens(0)
+    return lm
 
 
 @pytest.fixture

@@ -92,21 +92,35 @@ def test_invert_config_calibration_tokens_reaches_the_learned_config():
 
 def test_default_key_unchanged_and_fast_mode_keyed_apart():
     """The default settings' part of the key is pinned (as computed with VERSION 9; VERSION 7 made P's screen begin
-    scoring projected distances; screen_rank 16 and table_rank 32 since 2026-11-26; 9: a refit):
+    scoring projected distances; screen_rank 16 and table_rank 32 since 2026-11-26; 9: a refit; sampled_fraction
+    since 2026-11-26 too, a refit of the full calibrations only: fast mode has none, and 0 stays out of the key):
     adding a setting must not orphan the cached calibrations; table_tokens (fast mode) gives another key."""
-    default = ("{'calibration_tokens': 49152, 'seq_len': 64, 'random_fraction': 0.2, 'ridge': 0.001, "
+    default = ("{'calibration_tokens': 49152, 'seq_len': 64, 'random_fraction': 0.2, 'sampled_fraction': 0.3333333333333333, "
+               "'ridge': 0.001, "
                "'screen_rank': 16, 'screen_top': 64, 'guess_top': 16, 'screen_agree': 0.999, 'table_rank': 32, "
                "'head_rank': 128, "
                "'gains': (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), 'validation_rows': 32, 'lm_weight': 5.0, 'gate_rows': 128, 'gate_margin': 1.0, "
                "'lens_rows': 256}")
     assert LearnedConfig().fit_key() == default and calibration_config("full") == LearnedConfig()
     lm = load_model("tiny-gpt2")
-    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-aad4aee2ad95")
+    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-aff4a1723bdb")
     fast = calibration_config("fast")
     assert fast.table_tokens == 4096 and fast.calibration_tokens == 16384
     assert cache_path(LayerTap(lm, 2), fast) != cache_path(LayerTap(lm, 2), LearnedConfig())
     assert cache_path(LayerTap(lm, 2), SAMPLED) != cache_path(LayerTap(lm, 2), FAST)
     assert learned_config(InvertConfig(learned=fast)) is fast
+
+
+def test_a_calibration_on_the_models_samples_is_keyed_by_the_whole_model(sampling_lm):
+    """The samples come from every block and the LM head: such a calibration's key covers them all, at any layer,
+    and differs from one without samples (which covers the blocks the tap reads)."""
+    lm = sampling_lm
+    plain = dataclasses.replace(FAST, lens_rows=0)
+    tap = LayerTap(lm, 1)
+    assert calibration_key(tap, plain).startswith(lm.fingerprint_through(lm.depth))
+    without = dataclasses.replace(plain, sampled_fraction=0.0)
+    assert calibration_key(tap, without).startswith(lm.fingerprint_through(1) + "-")
+    assert calibration_config("fast").sampled_fraction == 0
 
 
 def test_fast_calibration_round_trip(tmp_path):

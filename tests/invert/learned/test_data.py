@@ -1,6 +1,7 @@
 import torch
 
-from sipit.invert.learned.data import calibration_ids, stdlib_files
+from sipit.invert.learned import data
+from sipit.invert.learned.data import calibration_ids, draw, model_samples, samples_possible, stdlib_files
 from sipit.models import load_model
 
 
@@ -16,3 +17,34 @@ def test_calibration_ids_are_text_rows_then_random_rows():
     text = lm.encode(lm.decode(ids[0].tolist()))  # text rows decode to bytes the tokenizer maps back
     assert text[:64] == ids[0].tolist()
     assert not torch.equal(ids[-1], calibration_ids(lm, 64 * 10, seed=1)[-1])  # the seed picks the random rows
+
+
+def test_draw_follows_the_softmax_and_never_draws_excluded_ids():
+    """Inverse-CDF draws: 20,000 rows of logits log [0.6, 0.3, 0.1, 0.5 (excluded)] give each id its
+    probability among the allowed ones, to within 1.5% (a draw that ignored the exclusion, or the softmax, fails)."""
+    logits = torch.tensor([0.6, 0.3, 0.1, 0.5]).log().expand(20_000, -1)
+    x = draw(logits, torch.tensor([3]), torch.Generator().manual_seed(0))
+    assert x.shape == (20_000, 1)
+    freq = torch.bincount(x[:, 0], minlength=4).float() / len(x)
+    assert freq[3] == 0 and torch.allclose(freq[:3], torch.tensor([0.6, 0.3, 0.1]), atol=0.015)
+
+
+def test_model_samples_are_seeded_rows_without_special_tokens(sampling_lm):
+    lm = sampling_lm
+    assert samples_possible(lm) and not samples_possible(load_model("tiny-llama"))  # (no start token)
+    x = model_samples(lm, 5, 12, seed=3, batch=2)
+    assert x.shape == (5, 12) and x.dtype == torch.long and int(x.min()) >= 1 and int(x.max()) < lm.vocab_size
+    assert torch.equal(x, model_samples(lm, 5, 12, seed=3, batch=2))
+    assert not torch.equal(x, model_samples(lm, 5, 12, seed=4, batch=2))
+
+
+def test_calibration_ids_begin_with_the_models_samples_made_once(sampling_lm, tmp_path, monkeypatch):
+    monkeypatch.setenv("SIPIT_CACHE", str(tmp_path))
+    lm = sampling_lm
+    ids = calibration_ids(lm, 64 * 12, seq_len=64, random_fraction=0.25, sampled_fraction=0.25)
+    assert ids.shape == (12, 64)
+    assert torch.equal(ids[:3], model_samples(lm, 3, 64))  # 3 sampled rows, then 6 of text, 3 random
+    assert torch.equal(ids[3:9], calibration_ids(lm, 64 * 8, seq_len=64, random_fraction=0.25)[:6])
+    assert len(list((tmp_path / "samples").glob("*.pt"))) == 1
+    monkeypatch.setattr(data, "model_samples", None)  # the second time they come from the cache
+    assert torch.equal(calibration_ids(lm, 64 * 12, seq_len=64, random_fraction=0.25, sampled_fraction=0.25), ids)

@@ -3,7 +3,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from sipit.invert.learned import Calibration, calibrate, calibrate_layers
+from sipit.invert.learned import Calibration, calibrate, calibrate_layers, data
 from sipit.invert.learned.fit import Moments, TokenMoments, fit_calibrations
 from sipit.models import LayerTap
 
@@ -188,3 +188,16 @@ def test_low_precision_states_feed_fast_mode_never_a_table(lm, monkeypatch):
     right = {name: sum(int((g == row[1:]).sum()) for (g, _), row in zip(LinearRanker(cal, tap).guesses(list(H)), ids))
              for name, cal in (("low", low), ("own", own))}
     assert right["low"] >= 0.9 * right["own"] > 0
+
+
+def test_a_model_that_can_sample_fits_on_its_own_samples(sampling_lm, monkeypatch, tmp_path):
+    """A third of the rows are the model's samples (cached: made once for both layers' fits), the rest as without."""
+    monkeypatch.setenv("SIPIT_CACHE", str(tmp_path))
+    made = []
+    real = data.model_samples
+    monkeypatch.setattr(data, "model_samples", lambda *a, **k: made.append(a[1]) or real(*a, **k))
+    plain = replace(FAST, lens_rows=0)
+    with_samples = calibrate(LayerTap(sampling_lm, 2), plain)
+    assert made == [4096 // 3 // 64] and calibrate(LayerTap(sampling_lm, 3), plain) is not None and len(made) == 1
+    without = calibrate(LayerTap(sampling_lm, 2), replace(plain, sampled_fraction=0.0))
+    assert not torch.allclose(with_samples.P, without.P)

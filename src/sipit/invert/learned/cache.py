@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ...models.load import cache_dir
 from .config import LearnedConfig
+from .data import samples_possible
 
 VERSION = 9  # bump whenever what is fitted, stored or keyed changes (6: the lens prior below the last layer; 7: P's
 #             screen scores projected distances, so its rank is chosen anew; the table subspace keeps 64 columns;
@@ -176,16 +177,21 @@ def lens_fitted(tap, config: LearnedConfig) -> bool:
     return min(config.lens_rows * config.seq_len, tokens) * (lm.depth - tap.layer) <= own
 
 
+def samples_fitted(lm, config: LearnedConfig) -> bool:
+    """Whether lm's calibrations fit on its own samples (data.model_samples): asked for, and lm can sample."""
+    return config.sampled_fraction > 0 and samples_possible(lm)
+
+
 def calibration_key(tap, config: LearnedConfig) -> str:
-    """Content key: fingerprint of the weights the tap reads (every block's with a lens), what it observes, fit
-    settings, VERSION."""
-    lm, lens = tap.lm, lens_fitted(tap, config)
-    settings = f"{VERSION}:{config.fit_key()}" + (":lens" if lens else "")
+    """Content key: fingerprint of the weights the tap reads (every block's with a lens or the model's samples),
+    what it observes, fit settings, VERSION."""
+    lm, lens, samples = tap.lm, lens_fitted(tap, config), samples_fitted(tap.lm, config)
+    settings = f"{VERSION}:{config.fit_key()}" + (":lens" if lens else "") + (":samples" if samples else "")
     tokens, sample = config.sizes(lm.d_model, lm.vocab_size)
     if tokens != config.calibration_tokens or sample not in (None, config.table_tokens):  # raised for a wide model
         settings += f":sizes={tokens},{sample}"
     settings = hashlib.sha256(settings.encode()).hexdigest()[:12]
-    return f"{lm.fingerprint_through(lm.depth if lens else tap.blocks_read)}-{tap.key}-{settings}"
+    return f"{lm.fingerprint_through(lm.depth if lens or samples else tap.blocks_read)}-{tap.key}-{settings}"
 
 
 def cache_path(tap, config: LearnedConfig) -> Path:

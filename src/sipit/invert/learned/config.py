@@ -10,6 +10,10 @@ class LearnedConfig:
     calibration_tokens: int = 49_152  # text + random-id tokens the forward model is fitted on
     seq_len: int = 64  # calibration rows: positions 0..63 cover typical prompt lengths
     random_fraction: float = 0.2  # share of calibration tokens that are uniform random ids
+    sampled_fraction: float = 1 / 3  # share that are the model's own samples in place of corpus text (data.model_samples:
+    #                                  the corpus is manuals and code; fewer wrong guesses on held-out prose and chat);
+    #                                  made once per model and cached, but their pass through the whole model costs
+    #                                  (SmolLM2, 256 rows of 64 on 2 cores: 38 s), so fast mode has none
     table_tokens: int | None = None  # position-0 states of a seeded sample of this many tokens and a linear
     #                                  model of the rest (fast mode, fit.py); None or ≥ V: every token's (the table)
     low_precision_states: bool = False  # without a table (fast mode), fit on states from a copy of the model in the
@@ -49,7 +53,7 @@ class LearnedConfig:
     @classmethod
     def fast(cls) -> "LearnedConfig":
         """Fast calibration (`--calibration fast`): no position-0 table, a third of the fitted tokens."""
-        return cls(calibration_tokens=16_384, table_tokens=4096, low_precision_states=True)
+        return cls(calibration_tokens=16_384, table_tokens=4096, low_precision_states=True, sampled_fraction=0.0)
 
     def has_table(self, vocab_size: int) -> bool:
         """Every token's position-0 state is computed (a full calibration, or a vocabulary no larger
@@ -68,12 +72,12 @@ class LearnedConfig:
         return tokens, None if table else max(self.table_tokens, min(vocab_size // 2, POSITION0_PER_DIM * d_model))
 
     def fit_key(self) -> str:
-        """The settings a calibration depends on (part of its cache key). table_tokens=None and
-        low_precision_states=False are left out, so the default key is the one calibrations were cached
-        under before fast mode existed."""
+        """The settings a calibration depends on (part of its cache key). table_tokens=None,
+        low_precision_states=False and sampled_fraction=0 are left out, so such calibrations keep the keys they were
+        cached under before those settings existed."""
         return repr({k: v for k, v in asdict(self).items()
                      if k != "max_anchors" and not (k == "table_tokens" and v is None)
-                     and not (k == "low_precision_states" and not v)})
+                     and not (k in ("low_precision_states", "sampled_fraction") and not v)})
 
 
 # Wide models need more calibration than the defaults give: the ridge fit has F = 3·d_model features with a

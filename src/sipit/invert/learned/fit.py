@@ -339,7 +339,7 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig,
         tables = [None] * len(pos0)
     else:
         tables = position0_tables(observe, lm.vocab_size, lm.device, desc=f"calibration {desc}")
-    ids = calibration_ids(lm, n_tokens, cfg.seq_len, cfg.random_fraction).to(lm.device)
+    ids = calibration_ids(lm, n_tokens, cfg.seq_len, cfg.random_fraction, sampled_fraction=cfg.sampled_fraction).to(lm.device)
     with_lens = [j for j, tap in enumerate(taps) if lens_fitted(tap, cfg)] if observe_to_last else []
     models = _forward_models(observe, E, tables, ids, cfg.ridge, desc=desc,
                              lens=(observe_to_last, cfg.lens_rows, with_lens) if with_lens else None)
