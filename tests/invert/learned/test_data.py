@@ -1,3 +1,5 @@
+import copy
+
 import torch
 
 from sipit.invert.learned import data
@@ -36,6 +38,11 @@ def test_model_samples_are_seeded_rows_without_special_tokens(sampling_lm):
     assert x.shape == (5, 12) and x.dtype == torch.long and int(x.min()) >= 1 and int(x.max()) < lm.vocab_size
     assert torch.equal(x, model_samples(lm, 5, 12, seed=3, batch=2))
     assert not torch.equal(x, model_samples(lm, 5, 12, seed=4, batch=2))
+    lm = copy.copy(lm)  # a special token the tokenizer adds past the model's rows: not the model's to exclude
+    lm.tokenizer = copy.deepcopy(lm.tokenizer)
+    lm.tokenizer.add_special_tokens({"additional_special_tokens": ["<extra>"]})
+    assert max(lm.tokenizer.all_special_ids) >= lm.vocab_size
+    assert torch.equal(model_samples(lm, 5, 12, seed=3, batch=2), x)
 
 
 def test_calibration_ids_begin_with_the_models_samples_made_once(sampling_lm, tmp_path, monkeypatch):

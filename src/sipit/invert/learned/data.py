@@ -119,7 +119,8 @@ def model_samples(lm, rows: int, seq_len: int, seed: int = 0, batch: int = 256) 
     did not help (docs/results/invert/model_samples.py and README.md)."""
     from tqdm import tqdm
 
-    special = torch.tensor(sorted(set(lm.tokenizer.all_special_ids)), dtype=torch.long, device=lm.device)
+    special = torch.tensor(sorted({i for i in lm.tokenizer.all_special_ids if i < lm.vocab_size}), dtype=torch.long,
+                           device=lm.device)  # (a tokenizer may list added ids past the model's rows)
     keyword, g = cache_keyword(lm.model), torch.Generator().manual_seed(seed)
     out = []
     for b in range(0, rows, batch):
