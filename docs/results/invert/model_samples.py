@@ -3,9 +3,9 @@ them (sampled_fraction 0, the calibrations before 2026-11-26) and with them (the
 of the bench prompts of each seed (position 0 and the guesses of every other, as the loop's first pass verifies
 them), per source, and the prompts with none (one pass). Nothing inverted; calibrations fitted where not cached.
 With `control`, a third calibration: no samples but as many more rows of the corpus (and random ids) as the
-samples are, 16,384 tokens (is it the samples or more data?).
+samples are, 16,384 tokens (is it the samples or more data?); with `sixth`, one with half as many samples.
 
-    python model_samples.py LAYERS SEEDS [control]        e.g. 15,30 17,71,73"""
+    python model_samples.py LAYERS SEEDS [control] [sixth]        e.g. 15,30 17,71,73"""
 import sys
 import time
 
@@ -22,6 +22,8 @@ lm = smollm2()
 for layer in layers:
     tap = LayerTap(lm, layer)
     arms = [("without samples", LearnedConfig(sampled_fraction=0.0)), ("with samples", LearnedConfig())]
+    if "sixth" in sys.argv[3:]:
+        arms.append(("a sixth of the rows samples", LearnedConfig(sampled_fraction=1 / 6)))
     if "control" in sys.argv[3:]:
         arms.append(("more corpus rows instead", LearnedConfig(sampled_fraction=0.0, calibration_tokens=49_152 + 16_384)))
     for name, cfg in arms:
