@@ -223,9 +223,12 @@ class LM:
         cache.layers = [copy.copy(layer) for layer in self._empty_cache.layers[:blocks]]
         return cache
 
-    def logits(self, ids: Tensor) -> Tensor:
-        """Next-token logits [B, T, V] for ids [B, T]; differentiable when grads are enabled."""
-        return self.model(input_ids=ids).logits
+    def logits(self, ids: Tensor, cache=None) -> Tensor:
+        """Next-token logits [B, T, V] for ids [B, T], after the positions `cache` holds (a transformers Cache, which
+        the call extends: step-by-step sampling) when one is given; differentiable when grads are enabled."""
+        if cache is None:
+            return self.model(input_ids=ids).logits
+        return self.model(input_ids=ids, **{cache_keyword(self.model): cache}, use_cache=True).logits
 
     @torch.no_grad()
     def next_token_logprobs(self, ids: Tensor) -> Tensor | None:

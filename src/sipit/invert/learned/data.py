@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ...models.lm import cache_keyword
 from ...models.load import cache_dir
 
 
@@ -121,13 +120,13 @@ def model_samples(lm, rows: int, seq_len: int, seed: int = 0, batch: int = 256) 
 
     special = torch.tensor(sorted({i for i in lm.tokenizer.all_special_ids if i < lm.vocab_size}), dtype=torch.long,
                            device=lm.device)  # (a tokenizer may list added ids past the model's rows)
-    keyword, g = cache_keyword(lm.model), torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
     out = []
     for b in range(0, rows, batch):
         n = min(batch, rows - b)
         cache, x, drawn = lm.new_cache(), torch.full((n, 1), _start_id(lm), device=lm.device), []
         for _ in tqdm(range(seq_len), desc=f"calibration {lm.name}: the model's own samples", leave=False, disable=None):
-            x = draw(lm.model(input_ids=x, **{keyword: cache}, use_cache=True).logits[:, -1], special, g)
+            x = draw(lm.logits(x, cache)[:, -1, :lm.vocab_size], special, g)  # (a head may have padding columns)
             drawn.append(x.cpu())
         out.append(torch.cat(drawn, 1))
     return torch.cat(out) if out else torch.zeros(0, seq_len, dtype=torch.long)
