@@ -77,3 +77,14 @@ def test_next_token_logprobs_from_a_layers_states_equal_those_from_the_ids(tiny_
         truncated = copy.copy(lm)
         truncated.full_layers = lm.n_layers + 2
         assert truncated.next_token_logprobs_from(1, LayerTap(lm, 1).states(ids)) is None
+
+
+def test_logits_with_a_cache_step_by_step_equal_the_full_forward(tiny_lm):
+    """LM.logits(ids, cache) extends the cache: one token at a time gives the full forward's logits (the
+    calibration's sampler, data.model_samples, relies on it)."""
+    ids = torch.randint(0, tiny_lm.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
+    full = tiny_lm.logits(ids)
+    cache = tiny_lm.new_cache()
+    steps = torch.cat([tiny_lm.logits(ids[:, t:t + 1], cache) for t in range(6)], 1)
+    assert torch.allclose(steps, full, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(tiny_lm.logits(ids[:, 5:], tiny_lm.new_cache()), full[:, 5:], atol=1e-5, rtol=1e-4)
