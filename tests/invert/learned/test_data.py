@@ -1,5 +1,6 @@
 import copy
 
+import pytest
 import torch
 
 from sipit.invert.learned import data
@@ -55,3 +56,23 @@ def test_calibration_ids_begin_with_the_models_samples_made_once(sampling_lm, tm
     assert len(list((tmp_path / "samples").glob("*.pt"))) == 1
     monkeypatch.setattr(data, "model_samples", None)  # the second time they come from the cache
     assert torch.equal(calibration_ids(lm, 64 * 12, seq_len=64, random_fraction=0.25, sampled_fraction=0.25), ids)
+
+
+@pytest.mark.cuda
+def test_cuda_samples_and_a_calibration_on_them(sampling_lm, tmp_path, monkeypatch):
+    """On a GPU: the model's samples are drawn there (uniforms from the CPU generator, so the same rows as on the
+    CPU but where float error moves a draw across a boundary: 15 of 16 rows at least), and a full calibration
+    that fits on them inverts two prompts in lock-step exactly."""
+    from sipit.invert import InvertConfig, invert
+    from sipit.models import LayerTap
+
+    monkeypatch.setenv("SIPIT_CACHE", str(tmp_path))
+    gpu = copy.copy(load_model("tiny-llama", device="cuda"))
+    gpu.tokenizer = sampling_lm.tokenizer
+    x = model_samples(gpu, 16, 32, seed=5, batch=8)
+    assert x.device.type == "cpu" and int(x.min()) >= 1
+    assert sum(torch.equal(a, b) for a, b in zip(x, model_samples(sampling_lm, 16, 32, seed=5, batch=8))) >= 15
+    ids = torch.tensor([[5, 17, 3, 99, 42, 7], [250, 17, 203, 99, 242, 7]])
+    r = invert(gpu, LayerTap(gpu, 2).states(ids), 2, InvertConfig(policy="learned"), progress=False)
+    assert [p.ids for p in r.prompts] == ids.tolist() and {p.status for p in r.prompts} == {"ok"}
+    assert list((tmp_path / "samples").glob("*.pt"))  # (the calibration fitted on samples)
