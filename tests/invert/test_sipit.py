@@ -192,6 +192,35 @@ class SecondGuesses(TwoGuesses):
     true_second = True
 
 
+class FifthGuesses(WrongGuesses):
+    """Every third guess wrong, and the true token the search's fifth candidate."""
+
+    name = "fifth-guesses"
+
+    def candidates(self, t, prefix):
+        wrong = [v for v in range(1, 7) if v != int(self.truth[t])][:4]
+        yield torch.tensor([*wrong, int(self.truth[t])])
+        yield from Exhaustive.candidates(self, t, prefix)
+
+
+def test_the_lookahead_pass_also_tries_the_next_candidates_alone(lm, monkeypatch):
+    """After a miss the lookahead pass holds LOOKAHEAD_BATCH candidates, the best carrying the guessed continuation:
+    a true token ranked fifth is found there, one pass sooner than by the search batch after (LOOKAHEAD_BATCH = 0:
+    the carrying candidates only)."""
+    ids, states = capture(lm, TEXT[:1], 2)
+    FifthGuesses.truth = ids[0]
+    config = InvertConfig(policy=FifthGuesses, batch_size=64)
+    now = invert(lm, states, 2, config, progress=False).prompts[0]
+    monkeypatch.setattr(importlib.import_module("sipit.invert.sipit"), "LOOKAHEAD_BATCH", 0)
+    before = invert(lm, states, 2, config, progress=False).prompts[0]
+    assert now.ids == before.ids == ids[0].tolist() and now.status == before.status == "ok"
+    T = len(ids[0])  # (the continuation after a miss at t: T - t - 1 guesses; fewer than 6 and the fifth carries it)
+    missed = [t for t in range(1, T) if t % 3 == 1 and 32 // (T - t) < 5]
+    assert len(missed) >= 2
+    assert {now.positions[t].via for t in missed} == {"lookahead"} and {before.positions[t].via for t in missed} == {"search"}
+    assert now.tap_calls == before.tap_calls - len(missed)
+
+
 @pytest.mark.parametrize("cap", [None, 3])
 @pytest.mark.parametrize("policy", ["learned", "exhaustive", WrongGuesses, TwoGuesses, SecondGuesses])
 def test_lock_step_batch_gives_what_each_prompt_gets_alone(lm, policy, cap):

@@ -101,6 +101,14 @@ class _Pass:
 
 
 SETTLE = "settle"  # what a loop yields to have its policy's deferred work done with the batch's
+# A lookahead pass (a search's first, after a wrong guess) holds at least this many candidates: the best carry the
+# guessed continuation (InvertConfig.lookahead_tokens: 1-2 of them on a 20-token prompt), the rest go alone. Where
+# a miss's true token is rarely the ranker's first after it (SmolLM2 layer 30: first 21-39% of such positions, in
+# the best 16 68-91%), the pass then finds it more often without the next; fresh seeds 523 / 541 / 547, median ratio
+# 9.99 / 10.22 / 11.43 -> 9.28 / 9.72 / 10.73, and 557 7.22 -> 7.40 (its mean 16.8 -> 15.7); passes a prompt
+# 9.8 / 27.1 / 9.9 / 9.8 -> 8.6 / 25.9 / 9.1 / 8.7; layer 15 alone 1.25 -> 1.24, B = 32 2.22 -> 2.30
+# (docs/results/invert/lookahead_batch_ab.py and .txt; 0: the candidates that carry it only, as before)
+LOOKAHEAD_BATCH = 16
 DRAFT_FROM = 256  # candidates in a search batch from which the draft screens it (the CPU's batch: a search's third)
 DRAFT_NEAR = 0.1  # the draft's relative distance up to which a candidate goes on to the model (SmolLM2 layers 15 and
 #                   30, draft_pass.py: the true token 0.013-0.023, every other ≥ 0.26)
@@ -329,9 +337,10 @@ class SipIt:
     def _search(self, run: _Run, prefix, checked: dict[int, float], continuation: Tensor | None) -> _Search:
         """Find the token at position t = prefix.length in the policy's order, then everything else.
 
-        The first batch carries the guessed continuation (lookahead): every candidate alone, only the
-        best in a lock-step batch (SmolLM2 ℓ = 15, 32 seed-5 prompts: 1,545 → 1,149 tokens, the batch
-        4.8 → 3.8 batched forwards; the first candidate was right in 20 of 26 lookaheads)."""
+        The first batch carries the guessed continuation (lookahead): the best candidates (lookahead_tokens of
+        them with it; only the best in a lock-step batch: SmolLM2 ℓ = 15, 32 seed-5 prompts, 1,545 → 1,149
+        tokens, the batch 4.8 → 3.8 batched forwards; the first candidate was right in 20 of 26 lookaheads),
+        and the next up to LOOKAHEAD_BATCH alone."""
         t, V, cfg = prefix.length, self.lm.vocab_size, self.config
         fits = self.tap.rows_that_fit(t + 1, cfg.batch_size)  # (a GPU's memory holds fewer on long prefixes)
         seen = torch.zeros(V, dtype=torch.bool)
@@ -351,7 +360,8 @@ class SipIt:
             if left <= 0:
                 batch = None
             elif lookahead:
-                batch = queue.take(max(1, cfg.lookahead_tokens // (1 + len(continuation))))
+                carry = max(1, cfg.lookahead_tokens // (1 + len(continuation)))
+                batch = queue.take(max(carry, LOOKAHEAD_BATCH))
             else:
                 batch = queue.take(min(fits, cfg.first_batch * 4 ** n_batches, left))
                 n_batches += 1
@@ -366,10 +376,10 @@ class SipIt:
                 batch = self._drafted(run, prefix, draft_prefix, batch, far)
                 if len(batch) == 0:
                     continue
-            if lookahead and run.in_batch:  # only the best carries the continuation: the rest share a
-                groups = [torch.cat([batch[:1], continuation.cpu()])[None], batch[1:, None]]  # pass of short rows
-            elif lookahead:  # alone, one pass holds every row anyway (tap.pack): each carries the continuation
-                groups = [torch.cat([batch[:, None], continuation.cpu().expand(len(batch), -1)], 1)]
+            if lookahead:
+                k = 1 if run.in_batch else carry
+                groups = [torch.cat([batch[:k, None], continuation.cpu().expand(min(k, len(batch)), -1)], 1),
+                          batch[k:, None]]
             else:
                 groups = [batch[:, None]]
             answers = yield from self._extend(run, prefix, *[g for g in groups if len(g)])
