@@ -206,7 +206,7 @@ class FifthGuesses(WrongGuesses):
 def test_the_lookahead_pass_also_tries_the_next_candidates_alone(lm, monkeypatch):
     """After a miss the lookahead pass holds LOOKAHEAD_BATCH candidates, the best carrying the guessed continuation:
     a true token ranked fifth is found there, one pass sooner than by the search batch after (LOOKAHEAD_BATCH = 0:
-    the carrying candidates only)."""
+    the carrying candidates only). Not in a lock-step batch, whose rounds cost their tokens: there the search finds it."""
     ids, states = capture(lm, TEXT[:1], 2)
     FifthGuesses.truth = ids[0]
     config = InvertConfig(policy=FifthGuesses, batch_size=64)
@@ -219,6 +219,9 @@ def test_the_lookahead_pass_also_tries_the_next_candidates_alone(lm, monkeypatch
     assert len(missed) >= 2
     assert {now.positions[t].via for t in missed} == {"lookahead"} and {before.positions[t].via for t in missed} == {"search"}
     assert now.tap_calls == before.tap_calls - len(missed)
+    monkeypatch.undo()
+    together = SipIt(lm, 2, config, eps=1e-4).invert_prompts([states[0], states[0]])
+    assert all(p.ids == now.ids and {p.positions[t].via for t in missed} == {"search"} for p in together)
 
 
 @pytest.mark.parametrize("cap", [None, 3])

@@ -101,13 +101,16 @@ class _Pass:
 
 
 SETTLE = "settle"  # what a loop yields to have its policy's deferred work done with the batch's
-# A lookahead pass (a search's first, after a wrong guess) holds at least this many candidates: the best carry the
-# guessed continuation (InvertConfig.lookahead_tokens: 1-2 of them on a 20-token prompt), the rest go alone. Where
+# A prompt's lookahead pass (a search's first, after a wrong guess) holds at least this many candidates alone, not in
+# a lock-step batch: the best carry the guessed continuation (InvertConfig.lookahead_tokens: 1-2 of them on a
+# 20-token prompt), the rest go alone. Where
 # a miss's true token is rarely the ranker's first after it (SmolLM2 layer 30: first 21-39% of such positions, in
 # the best 16 68-91%), the pass then finds it more often without the next; fresh seeds 523 / 541 / 547, median ratio
 # 9.99 / 10.22 / 11.43 -> 9.28 / 9.72 / 10.73, and 557 7.22 -> 7.40 (its mean 16.8 -> 15.7); passes a prompt
-# 9.8 / 27.1 / 9.9 / 9.8 -> 8.6 / 25.9 / 9.1 / 8.7; layer 15 alone 1.25 -> 1.24, B = 32 2.22 -> 2.30
-# (docs/results/invert/lookahead_batch_ab.py and .txt; 0: the candidates that carry it only, as before)
+# 9.8 / 27.1 / 9.9 / 9.8 -> 8.6 / 25.9 / 9.1 / 8.7; layer 15 alone 1.25 -> 1.24 (docs/results/invert/
+# lookahead_batch_ab.py and .txt; 0: the candidates that carry it only, as before). A lock-step round costs its
+# tokens whoever needs the next: there it took layer 15's B = 32 from 2.22 to 2.30 (seed 523) and 2.56 / 2.83 to
+# 3.10 / 3.27 (seed 5, the second round 272 -> 499 tokens), so batches keep the carrying candidates only.
 LOOKAHEAD_BATCH = 16
 DRAFT_FROM = 256  # candidates in a search batch from which the draft screens it (the CPU's batch: a search's third)
 DRAFT_NEAR = 0.1  # the draft's relative distance up to which a candidate goes on to the model (SmolLM2 layers 15 and
@@ -340,7 +343,7 @@ class SipIt:
         The first batch carries the guessed continuation (lookahead): the best candidates (lookahead_tokens of
         them with it; only the best in a lock-step batch: SmolLM2 ℓ = 15, 32 seed-5 prompts, 1,545 → 1,149
         tokens, the batch 4.8 → 3.8 batched forwards; the first candidate was right in 20 of 26 lookaheads),
-        and the next up to LOOKAHEAD_BATCH alone."""
+        and for a prompt alone the next up to LOOKAHEAD_BATCH without it."""
         t, V, cfg = prefix.length, self.lm.vocab_size, self.config
         fits = self.tap.rows_that_fit(t + 1, cfg.batch_size)  # (a GPU's memory holds fewer on long prefixes)
         seen = torch.zeros(V, dtype=torch.bool)
@@ -361,7 +364,7 @@ class SipIt:
                 batch = None
             elif lookahead:
                 carry = max(1, cfg.lookahead_tokens // (1 + len(continuation)))
-                batch = queue.take(max(carry, LOOKAHEAD_BATCH))
+                batch = queue.take(carry if run.in_batch else max(carry, LOOKAHEAD_BATCH))
             else:
                 batch = queue.take(min(fits, cfg.first_batch * 4 ** n_batches, left))
                 n_batches += 1
