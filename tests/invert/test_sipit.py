@@ -6,6 +6,8 @@ never by the incremental path the inversion itself uses.
 import importlib
 import math
 import time
+import types
+from dataclasses import replace
 
 import pytest
 import torch
@@ -203,25 +205,32 @@ class FifthGuesses(WrongGuesses):
         yield from Exhaustive.candidates(self, t, prefix)
 
 
-def test_the_lookahead_pass_also_tries_the_next_candidates_alone(lm, monkeypatch):
-    """After a miss the lookahead pass holds LOOKAHEAD_BATCH candidates, the best carrying the guessed continuation:
-    a true token ranked fifth is found there, one pass sooner than by the search batch after (LOOKAHEAD_BATCH = 0:
-    the carrying candidates only). Not in a lock-step batch, whose rounds cost their tokens: there the search finds it."""
-    ids, states = capture(lm, TEXT[:1], 2)
-    FifthGuesses.truth = ids[0]
+def test_the_lookahead_pass_widens_where_its_carrying_candidates_are_often_wrong(lm, monkeypatch):
+    """After a miss the lookahead pass's best candidates carry the guessed continuation; where they have been wrong in a
+    third of the engine's lookaheads or more (SipIt._widen), the next best go alone in the same pass up to
+    LOOKAHEAD_BATCH: a true token ranked fifth is then found there, one pass sooner than by the search batch after.
+    Not before there is such history (the first miss), not where the carrying candidates are right, and not in a
+    lock-step batch, whose rounds cost their tokens."""
+    ids, states = capture(lm, [TEXT[1] + " " + TEXT[0]], 2, n=24)
+    WrongGuesses.truth = ids[0]  # (FifthGuesses and TwoGuesses read it)
     config = InvertConfig(policy=FifthGuesses, batch_size=64)
     now = invert(lm, states, 2, config, progress=False).prompts[0]
-    monkeypatch.setattr(importlib.import_module("sipit.invert.sipit"), "LOOKAHEAD_BATCH", 0)
+    S = importlib.import_module("sipit.invert.sipit")
+    monkeypatch.setattr(S, "LOOKAHEAD_BATCH", 0)
     before = invert(lm, states, 2, config, progress=False).prompts[0]
     assert now.ids == before.ids == ids[0].tolist() and now.status == before.status == "ok"
     T = len(ids[0])  # (the continuation after a miss at t: T - t - 1 guesses; fewer than 6 and the fifth carries it)
     missed = [t for t in range(1, T) if t % 3 == 1 and 32 // (T - t) < 5]
-    assert len(missed) >= 2
-    assert {now.positions[t].via for t in missed} == {"lookahead"} and {before.positions[t].via for t in missed} == {"search"}
-    assert now.tap_calls == before.tap_calls - len(missed)
+    assert len(missed) >= 3 and missed[0] == 1  # (the first lookahead: no history yet)
+    assert [now.positions[t].via for t in missed] == ["search"] + ["lookahead"] * (len(missed) - 1)
+    assert {before.positions[t].via for t in missed} == {"search"}
+    assert now.tap_calls == before.tap_calls - (len(missed) - 1)
     monkeypatch.undo()
     together = SipIt(lm, 2, config, eps=1e-4).invert_prompts([states[0], states[0]])
     assert all(p.ids == now.ids and {p.positions[t].via for t in missed} == {"search"} for p in together)
+    right = SipIt(lm, 2, replace(config, policy=TwoGuesses), eps=1e-4)  # the first candidate right: never widened
+    right.invert_prompt(states[0])
+    assert right.carried > 2 and right.carried_wrong == 0 and not right._widen(types.SimpleNamespace(in_batch=False))
 
 
 @pytest.mark.parametrize("cap", [None, 3])

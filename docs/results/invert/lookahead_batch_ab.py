@@ -1,9 +1,11 @@
-"""A/B of the lookahead pass's batch (sipit.LOOKAHEAD_BATCH): after a wrong guess, the search's first pass holds the
-candidates that carry the guessed continuation and, with LOOKAHEAD_BATCH = 16, the next best alone up to 16; 0: the
-carrying ones only (before). The same held-out bench prompts, the settings alternating in one process (common.alternate:
-every inversion exact and `ok`), per setting the median ratio to the forward, tokens and passes a prompt.
+"""A/B of the lookahead pass's batch (sipit.LOOKAHEAD_BATCH, SipIt._widen): after a wrong guess, the search's first pass
+holds the candidates that carry the guessed continuation and, widened, the next best alone up to 16. Settings: `off`
+(the carrying ones only, as before 76d3bb5), `always` (widened for every prompt alone, 76d3bb5), `adaptive` (widened
+where the carrying candidates have been wrong in a third of the engine's lookaheads or more: the default). The same
+held-out bench prompts, the settings alternating in one process (common.alternate: every inversion exact and `ok`),
+per setting the median ratio to the forward, tokens and passes a prompt.
 
-    python lookahead_batch_ab.py LAYER SEED PROMPTS_PER_SOURCE REPEATS B SIZES      e.g. 30 523 5 1 1 0,16"""
+    python lookahead_batch_ab.py LAYER SEED PROMPTS_PER_SOURCE REPEATS B SETTINGS      e.g. 30 523 5 1 1 off,adaptive"""
 import importlib
 import sys
 
@@ -11,6 +13,14 @@ from common import alternate
 
 S = importlib.import_module("sipit.invert.sipit")
 layer, seed, n, reps, B = (int(a) for a in sys.argv[1:6])
-settings = {f"LOOKAHEAD_BATCH {a}": (lambda e, a=a: setattr(S, "LOOKAHEAD_BATCH", a))
-            for a in (int(x) for x in sys.argv[6].split(","))}
-alternate(layer, seed, 20, settings, per_source=n, repeats=reps, B=B)
+adaptive = S.SipIt._widen
+
+
+def setting(name):
+    def apply(engine):
+        S.LOOKAHEAD_BATCH = 0 if name == "off" else 16
+        S.SipIt._widen = adaptive if name == "adaptive" else (lambda self, run: not run.in_batch)
+    return apply
+
+
+alternate(layer, seed, 20, {name: setting(name) for name in sys.argv[6].split(",")}, per_source=n, repeats=reps, B=B)

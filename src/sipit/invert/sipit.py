@@ -101,16 +101,16 @@ class _Pass:
 
 
 SETTLE = "settle"  # what a loop yields to have its policy's deferred work done with the batch's
-# A prompt's lookahead pass (a search's first, after a wrong guess) holds at least this many candidates alone, not in
-# a lock-step batch: the best carry the guessed continuation (InvertConfig.lookahead_tokens: 1-2 of them on a
-# 20-token prompt), the rest go alone. Where
-# a miss's true token is rarely the ranker's first after it (SmolLM2 layer 30: first 21-39% of such positions, in
-# the best 16 68-91%), the pass then finds it more often without the next; fresh seeds 523 / 541 / 547, median ratio
-# 9.99 / 10.22 / 11.43 -> 9.28 / 9.72 / 10.73, and 557 7.22 -> 7.40 (its mean 16.8 -> 15.7); passes a prompt
-# 9.8 / 27.1 / 9.9 / 9.8 -> 8.6 / 25.9 / 9.1 / 8.7; layer 15 alone 1.25 -> 1.24 (docs/results/invert/
-# lookahead_batch_ab.py and .txt; 0: the candidates that carry it only, as before). A lock-step round costs its
-# tokens whoever needs the next: there it took layer 15's B = 32 from 2.22 to 2.30 (seed 523) and 2.56 / 2.83 to
-# 3.10 / 3.27 (seed 5, the second round 272 -> 499 tokens), so batches keep the carrying candidates only.
+# A prompt's lookahead pass (a search's first, after a wrong guess) holds this many candidates where widened
+# (SipIt._widen): the best carry the guessed continuation (InvertConfig.lookahead_tokens: 1-2 of them on a 20-token
+# prompt), the rest go alone. Where a miss's true token is rarely the ranker's first after it (SmolLM2 layer 30: first
+# in 21-39% of such positions, in the best 16 in 68-91%), the pass then finds it more often without the next: fresh
+# seeds 523 / 541 / 547 / 557, widened always against never, median ratio 9.99 / 10.22 / 11.43 / 7.22 -> 9.28 / 9.72 /
+# 10.73 / 7.40, passes a prompt 9.8 / 27.1 / 9.9 / 9.8 -> 8.6 / 25.9 / 9.1 / 8.7. At layer 15, where the carrying
+# candidate is mostly right, the extra rows cost about what they save (seed 73: 2.45 -> 2.64), and in a lock-step
+# batch, whose rounds cost their tokens whoever needs the next, they cost more (layer 15, B = 32, seed 5: 2.56 / 2.83
+# -> 3.10 / 3.27); widened only where the carrying candidates have often been wrong: seed 73 2.44, 569 1.24 (never:
+# 2.45, 1.24), layer 30 seed 563 7.97 (never 8.39, always 7.98). docs/results/invert/lookahead_batch_ab.py and .txt.
 LOOKAHEAD_BATCH = 16
 DRAFT_FROM = 256  # candidates in a search batch from which the draft screens it (the CPU's batch: a search's third)
 DRAFT_NEAR = 0.1  # the draft's relative distance up to which a candidate goes on to the model (SmolLM2 layers 15 and
@@ -147,6 +147,7 @@ class SipIt:
         self.policy = make_policy(self.config.policy, self.tap, self.config)
         self.name = self.policy.name
         self.guessed = self.wrong = 0  # guesses speculation rows verified, over every prompt so far; wrong ones
+        self.carried = self.carried_wrong = 0  # lookahead passes so far; those whose carrying candidates were all wrong
         self.calibration_seconds = getattr(self.policy, "calibration_seconds", 0.0)
 
     def invert_prompt(self, target: Tensor, true_ids: list[int] | None = None) -> PromptResult:
@@ -278,6 +279,12 @@ class SipIt:
         wrong; at 15 about 1 in 25."""
         return 2 * T * (self.wrong + 1) < self.guessed + 2
 
+    def _widen(self, run: _Run) -> bool:
+        """Whether a lookahead pass takes the next best candidates alone too (LOOKAHEAD_BATCH): for a prompt alone, where
+        the candidates that carry the continuation have been wrong in a third of this engine's lookaheads or more
+        (SmolLM2: most at layer 30, about 1 in 4 at 15, where the extra rows cost about what they save)."""
+        return not run.in_batch and 3 * self.carried_wrong >= self.carried + 1
+
     def _guess(self, run: _Run, policy, t: int, prefix):
         """The policy's guessed ids for positions t.. [≤ run.row], or None (no guesses, or speculation off).
 
@@ -343,7 +350,7 @@ class SipIt:
         The first batch carries the guessed continuation (lookahead): the best candidates (lookahead_tokens of
         them with it; only the best in a lock-step batch: SmolLM2 ℓ = 15, 32 seed-5 prompts, 1,545 → 1,149
         tokens, the batch 4.8 → 3.8 batched forwards; the first candidate was right in 20 of 26 lookaheads),
-        and for a prompt alone the next up to LOOKAHEAD_BATCH without it."""
+        and where widened (_widen) the next up to LOOKAHEAD_BATCH without it."""
         t, V, cfg = prefix.length, self.lm.vocab_size, self.config
         fits = self.tap.rows_that_fit(t + 1, cfg.batch_size)  # (a GPU's memory holds fewer on long prefixes)
         seen = torch.zeros(V, dtype=torch.bool)
@@ -364,7 +371,7 @@ class SipIt:
                 batch = None
             elif lookahead:
                 carry = max(1, cfg.lookahead_tokens // (1 + len(continuation)))
-                batch = queue.take(carry if run.in_batch else max(carry, LOOKAHEAD_BATCH))
+                batch = queue.take(max(carry, LOOKAHEAD_BATCH) if self._widen(run) else carry)
             else:
                 batch = queue.take(min(fits, cfg.first_batch * 4 ** n_batches, left))
                 n_batches += 1
@@ -392,6 +399,9 @@ class SipIt:
             d = rel_distance(h0, run.target[t]).cpu()  # [B]
             evaluated.update(zip(batch.tolist(), d.tolist()))
             passing = (d <= self.eps).nonzero().flatten()
+            if lookahead:
+                self.carried += 1
+                self.carried_wrong += not bool((passing < (1 if run.in_batch else carry)).any())
             if len(passing):
                 b = int(passing[d[passing].argmin()])
                 h, grown, j = rows[b]
