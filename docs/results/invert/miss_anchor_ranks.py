@@ -5,8 +5,10 @@ a search after the miss first ranks by). Nothing inverted.
 
     python miss_anchor_ranks.py LAYER SEEDS        e.g. 30 1"""
 import sys
+
 import torch
-from common import SOURCES, bench_prompts, smollm2, ranker_at
+
+from common import SOURCES, bench_prompts, ranker_at, smollm2
 
 layer, seeds = int(sys.argv[1]), [int(s) for s in sys.argv[2].split(",")]
 lm = smollm2()
@@ -26,8 +28,12 @@ for seed in seeds:
                 h = tap.states(ctx[None])[0][-1:].float()
                 sa = rk.scores(s, t, prior, (g[t - 1:t], h))
                 res[kind]["anch"].append(int((sa > sa[p[t]]).sum()))
+
+
+def shares(ranks: list[int]) -> str:
+    x = torch.tensor(ranks)
+    return f"n {len(x)} " + " ".join(f"top{k} {(x < k).float().mean():.2f}" for k in (1, 4, 16, 64))
+
+
 for k, v in res.items():
-    def q(x):
-        x = torch.tensor(x)
-        return f"n {len(x)} top1 {(x==0).float().mean():.2f} top4 {(x<4).float().mean():.2f} top16 {(x<16).float().mean():.2f} top64 {(x<64).float().mean():.2f}"
-    print(k, "plain:", q(v["plain"]), "| anchored, after a miss:", q(v["anch"]))
+    print(k, "plain:", shares(v["plain"]), "| anchored, after a miss:", shares(v["anch"]))

@@ -280,9 +280,9 @@ class SipIt:
         return 2 * T * (self.wrong + 1) < self.guessed + 2
 
     def _widen(self, run: _Run) -> bool:
-        """Whether a lookahead pass takes the next best candidates alone too (LOOKAHEAD_BATCH): for a prompt alone, where
-        the candidates that carry the continuation have been wrong in a third of this engine's lookaheads or more
-        (SmolLM2: most at layer 30, about 1 in 4 at 15, where the extra rows cost about what they save)."""
+        """Whether a lookahead pass takes the next best candidates alone too (LOOKAHEAD_BATCH): for a prompt alone,
+        where the candidates that carry the continuation have been wrong in a third of this engine's lookaheads or
+        more (SmolLM2: most at layer 30, about 1 in 4 at 15, where the extra rows cost about what they save)."""
         return not run.in_batch and 3 * self.carried_wrong >= self.carried + 1
 
     def _guess(self, run: _Run, policy, t: int, prefix):
@@ -370,8 +370,9 @@ class SipIt:
             if left <= 0:
                 batch = None
             elif lookahead:
-                carry = max(1, cfg.lookahead_tokens // (1 + len(continuation)))
-                batch = queue.take(max(carry, LOOKAHEAD_BATCH) if self._widen(run) else carry)
+                best = max(1, cfg.lookahead_tokens // (1 + len(continuation)))  # as many as the tokens allow
+                carry = 1 if run.in_batch else best  # those that carry the continuation
+                batch = queue.take(max(best, LOOKAHEAD_BATCH) if self._widen(run) else best)
             else:
                 batch = queue.take(min(fits, cfg.first_batch * 4 ** n_batches, left))
                 n_batches += 1
@@ -386,10 +387,9 @@ class SipIt:
                 batch = self._drafted(run, prefix, draft_prefix, batch, far)
                 if len(batch) == 0:
                     continue
-            if lookahead:
-                k = 1 if run.in_batch else carry
-                groups = [torch.cat([batch[:k, None], continuation.cpu().expand(min(k, len(batch)), -1)], 1),
-                          batch[k:, None]]
+            if lookahead:  # (the rest alone: in a lock-step batch, a pass of short rows)
+                groups = [torch.cat([batch[:carry, None], continuation.cpu().expand(min(carry, len(batch)), -1)], 1),
+                          batch[carry:, None]]
             else:
                 groups = [batch[:, None]]
             answers = yield from self._extend(run, prefix, *[g for g in groups if len(g)])
@@ -401,7 +401,7 @@ class SipIt:
             passing = (d <= self.eps).nonzero().flatten()
             if lookahead:
                 self.carried += 1
-                self.carried_wrong += not bool((passing < (1 if run.in_batch else carry)).any())
+                self.carried_wrong += not bool((passing < carry).any())
             if len(passing):
                 b = int(passing[d[passing].argmin()])
                 h, grown, j = rows[b]
