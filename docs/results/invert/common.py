@@ -32,6 +32,22 @@ def bench_prompts(lm, tap, seed: int, per_source: int = 10):
     return data, ids, [s.float() for s in tap.states(ids)]
 
 
+def lockstep_engine(layer: int, B: int, seed: int):
+    """SmolLM2's learned engine at a layer (full calibration) and the first B bench prompts of a seed (10 a source, 20
+    tokens, in the bench's source order), inverted together once to warm up: (tap, ids [B, 20], states [B, 20, d],
+    engine)."""
+    from sipit.invert.eps import tolerance_for
+
+    lm = smollm2()
+    tap = LayerTap(lm, layer)
+    ids = torch.tensor([p for _, p in prompts(lm, SOURCES, 10, 20, seed)])[:B]
+    states = tap.states(ids)
+    engine = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")),
+                   eps=tolerance_for(tap, {states.dtype}).eps)
+    engine.invert_prompts(list(states))
+    return tap, ids, states, engine
+
+
 def position1(layer: int, seeds: list[int]):
     """SmolLM2's ranker at a layer, the calibration's ids, and position 1 of the bench prompts of seeds (the scripts on
     position 1's statistics): (lm, tap, ranker, calibration ids [N, S], [bench_prompts per seed], true ids [n],

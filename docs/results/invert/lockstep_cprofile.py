@@ -7,22 +7,10 @@ import cProfile
 import pstats
 import sys
 
-import torch
+from common import lockstep_engine
 
-from sipit.bench.invert import prompts
-from sipit.invert import InvertConfig, SipIt
-from sipit.invert.eps import tolerance_for
-from sipit.invert.learned.config import calibration_config
-from sipit.models import LayerTap, load_model
-torch.set_num_threads(2)
 layer, B, seed = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-lm = load_model("smollm2")
-tap = LayerTap(lm, layer)
-ids = torch.tensor([p for _, p in prompts(lm, ["prose", "code", "random", "chat"], 10, 20, seed)])[:B]
-states = tap.states(ids)
-engine = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")),
-               eps=tolerance_for(tap, {states.dtype}).eps)
-engine.invert_prompts(list(states))
+tap, ids, states, engine = lockstep_engine(layer, B, seed)
 pr = cProfile.Profile()
 pr.enable()
 for _ in range(3):

@@ -8,24 +8,11 @@ import importlib
 import sys
 import time
 
-import torch
+from common import lockstep_engine
 
-from sipit.bench.invert import prompts
-from sipit.invert import InvertConfig, SipIt
-from sipit.invert.eps import tolerance_for
-from sipit.invert.learned.config import calibration_config
-from sipit.models import LayerTap, load_model
-
-torch.set_num_threads(2)
 S = importlib.import_module("sipit.invert.sipit")
 layer, B, seed = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-lm = load_model("smollm2")
-tap = LayerTap(lm, layer)
-ids = torch.tensor([p for _, p in prompts(lm, ["prose", "code", "random", "chat"], 10, 20, seed)])[:B]
-states = tap.states(ids)
-engine = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("full")),
-               eps=tolerance_for(tap, {states.dtype}).eps)
-engine.invert_prompts(list(states))
+tap, ids, states, engine = lockstep_engine(layer, B, seed)
 many = engine.tap.extend_many
 for lb in [int(x) for x in sys.argv[4].split(",")]:
     S.LOOKAHEAD_BATCH = lb
