@@ -205,6 +205,18 @@ class FifthGuesses(WrongGuesses):
         yield from Exhaustive.candidates(self, t, prefix)
 
 
+class TwentiethGuesses(FifthGuesses):
+    """As FifthGuesses with the true token twentieth, in batches of 16 and 64 as the learned policy's rankings."""
+
+    name = "twentieth-guesses"
+
+    def candidates(self, t, prefix):
+        wrong = torch.tensor([v for v in range(1, 82) if v != int(self.truth[t])][:79])
+        yield wrong[:16]
+        yield torch.cat([wrong[16:19], self.truth[t:t + 1], wrong[19:]])
+        yield from Exhaustive.candidates(self, t, prefix)
+
+
 def test_the_lookahead_pass_widens_where_its_carrying_candidates_are_often_wrong(lm, monkeypatch):
     """After a miss the lookahead pass's best candidates carry the guessed continuation; where they have been wrong in a
     third of the engine's lookaheads or more (SipIt._widen), the next best go alone in the same pass up to
@@ -231,6 +243,12 @@ def test_the_lookahead_pass_widens_where_its_carrying_candidates_are_often_wrong
     right = SipIt(lm, 2, replace(config, policy=TwoGuesses), eps=1e-4)  # the first candidate right: never widened
     right.invert_prompt(states[0])
     assert right.carried > 2 and right.carried_wrong == 0 and not right._widen(types.SimpleNamespace(in_batch=False))
+    # a widened lookahead is the search's first batch: after it the next takes 64, not 16 (the truth twentieth)
+    far = invert(lm, states, 2, replace(config, policy=TwentiethGuesses), progress=False).prompts[0]
+    assert far.ids == now.ids and [far.positions[t].tried for t in missed[1:]] == [1 + 16 + 64] * (len(missed) - 1)
+    monkeypatch.setattr(S, "WIDE_IS_FIRST", False)
+    far = invert(lm, states, 2, replace(config, policy=TwentiethGuesses), progress=False).prompts[0]
+    assert [far.positions[t].tried for t in missed[1:]] == [1 + 16 + 16] * (len(missed) - 1)
 
 
 @pytest.mark.parametrize("cap", [None, 3])
