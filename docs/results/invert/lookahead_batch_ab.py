@@ -1,8 +1,7 @@
 """A/B of the lookahead pass's batch (sipit.LOOKAHEAD_BATCH, SipIt._widen): after a wrong guess, the search's first pass
 holds the candidates that carry the guessed continuation and, widened, the next best alone up to 16. Settings: `off`
 (the carrying ones only, as before 76d3bb5), `always` (widened for every prompt alone, 76d3bb5), `adaptive` (widened
-where the carrying candidates have been wrong in a third of the engine's lookaheads or more: the default), `8b83fc9`
-(adaptive, but the search's next batch after a widened lookahead 16 rather than 64: WIDE_IS_FIRST off). The same
+where the carrying candidates have been wrong in a third of the engine's lookaheads or more: the default). The same
 held-out bench prompts, the settings alternating in one process (common.alternate: every inversion exact and `ok`),
 per setting the median ratio to the forward, tokens and passes a prompt.
 
@@ -20,8 +19,7 @@ adaptive = S.SipIt._widen
 def setting(name):
     def apply(engine):
         S.LOOKAHEAD_BATCH = 0 if name == "off" else 16
-        S.SipIt._widen = adaptive if name in ("adaptive", "8b83fc9") else (lambda self, run: not run.in_batch)
-        S.WIDE_IS_FIRST = name != "8b83fc9"
+        S.SipIt._widen = adaptive if name == "adaptive" else (lambda self, run: not run.in_batch)
     return apply
 
 

@@ -112,10 +112,6 @@ SETTLE = "settle"  # what a loop yields to have its policy's deferred work done 
 # -> 3.10 / 3.27); widened only where the carrying candidates have often been wrong: seed 73 2.44, 569 1.24 (never:
 # 2.45, 1.24), layer 30 seed 563 7.97 (never 8.39, always 7.98). docs/results/invert/lookahead_batch_ab.py and .txt.
 LOOKAHEAD_BATCH = 16
-# and a widened lookahead counts as the search's first batch (of first_batch = 16), so the next takes 64, not 16 again:
-# layer 30, fresh seeds 571 / 577 / 587, passes a prompt 7.0 / 9.7 / 7.4 -> 6.7 / 9.2 / 7.0, seconds in passes 0.717 /
-# 1.105 / 0.668 -> 0.698 / 1.052 / 0.666, medians 7.87 / 9.55 / 9.64 -> 7.87 / 9.63 / 9.48 (lookahead_batch_ab.txt)
-WIDE_IS_FIRST = True
 DRAFT_FROM = 256  # candidates in a search batch from which the draft screens it (the CPU's batch: a search's third)
 DRAFT_NEAR = 0.1  # the draft's relative distance up to which a candidate goes on to the model (SmolLM2 layers 15 and
 #                   30, draft_pass.py: the true token 0.013-0.023, every other ≥ 0.26)
@@ -378,7 +374,10 @@ class SipIt:
                 carry = 1 if run.in_batch else best  # those that carry the continuation
                 widened = self._widen(run)
                 batch = queue.take(max(best, LOOKAHEAD_BATCH) if widened else best)
-                n_batches = int(widened and WIDE_IS_FIRST)
+                # a widened lookahead is the search's first batch, so the next takes 64, not 16 again (layer 30,
+                # fresh seeds 571 / 577 / 587: passes a prompt 7.0 / 9.7 / 7.4 -> 6.7 / 9.2 / 7.0, medians 7.87 /
+                # 9.55 / 9.64 -> 7.87 / 9.63 / 9.48; lookahead_batch_ab.txt)
+                n_batches = int(widened)
             else:
                 batch = queue.take(min(fits, cfg.first_batch * 4 ** n_batches, left))
                 n_batches += 1
