@@ -1,7 +1,8 @@
 """A/B of the lookahead pass's batch (sipit.LOOKAHEAD_BATCH, SipIt._widen): after a wrong guess, the search's first pass
 holds the candidates that carry the guessed continuation and, widened, the next best alone up to 16. Settings: `off`
 (the carrying ones only, as before 76d3bb5), `always` (widened for every prompt alone, 76d3bb5), `adaptive` (widened
-where the carrying candidates have been wrong in a third of the engine's lookaheads or more: the default). The same
+where the carrying candidates have been wrong in a third of the engine's lookaheads or more: the default), `batch4`,
+`batch8` (widened in a lock-step batch too, to 4 or 8 candidates: never widened there since 6ff68da). The same
 held-out bench prompts, the settings alternating in one process (common.alternate: every inversion exact and `ok`),
 per setting the median ratio to the forward, tokens and passes a prompt.
 
@@ -18,8 +19,9 @@ adaptive = S.SipIt._widen
 
 def setting(name):
     def apply(engine):
-        S.LOOKAHEAD_BATCH = 0 if name == "off" else 16
-        S.SipIt._widen = adaptive if name == "adaptive" else (lambda self, run: not run.in_batch)
+        S.LOOKAHEAD_BATCH = 0 if name == "off" else int(name[5:]) if name.startswith("batch") else 16
+        S.SipIt._widen = adaptive if name == "adaptive" else (lambda self, run: name.startswith("batch") or
+                                                              not run.in_batch)
     return apply
 
 
