@@ -292,6 +292,29 @@ def test_lock_step_batch_gives_what_each_prompt_gets_alone(lm, policy, cap):
     assert rounds == max(r.tap_calls for r in together) < sum(r.tap_calls for r in together)
 
 
+def test_a_window_of_lock_step_prompts_starts_the_next_as_one_finishes(lm):
+    """invert_prompts(window=W): at most W prompts in flight, the next starting as one finishes, so short prompts
+    run beside a long one instead of waiting for it (fewer rounds than chunks of W); each gets what it gets alone,
+    in order, and done(i, result) once as it finishes. The driver inverts files this way (batch_prompts)."""
+    ids, states = capture(lm, [TEXT[1] + " " + TEXT[0]], 2, n=12)
+    prompts = [states[0]] + [states[0, :3]] * 4  # one long prompt, then short ones (exhaustive: a pass a position)
+    engine = SipIt(lm, 2, InvertConfig(policy="exhaustive", batch_size=lm.vocab_size), eps=1e-4)
+    alone = [engine.invert_prompt(p) for p in prompts]
+    started, finished, rounds = [0], [], []
+    begin, many = engine.policy.begin_many, engine.tap.extend_many
+    engine.policy.begin_many = lambda targets, costs: started.append(started[-1] + len(targets)) or begin(targets, costs)
+    engine.tap.extend_many = lambda *a: rounds.append(started[-1] - len(finished)) or many(*a)
+    windowed = engine.invert_prompts(prompts, window=2, done=lambda i, r: finished.append((i, r)))
+    assert [r.ids for r in windowed] == [r.ids for r in alone] and {r.status for r in windowed} == {"ok"}
+    assert sorted(i for i, _ in finished) == list(range(5)) and all(windowed[i] is r for i, r in finished)
+    assert max(rounds) == 2 and len(started) > 3  # never more than 2 in flight; started as others finished
+    in_windows = len(rounds)
+    rounds.clear()
+    for s in range(0, 5, 2):  # chunks of 2: each waits for its slower prompt
+        engine.invert_prompts(prompts[s:s + 2])
+    assert in_windows < len(rounds)
+
+
 def test_float16_states_and_batch_list(lm):
     ids, states = capture(lm, TEXT, 2)
     half = [states[0].half(), states[1, :7].half()]  # a list of prompts of different lengths

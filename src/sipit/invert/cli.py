@@ -269,7 +269,8 @@ def add_invert_parser(sub) -> None:
     s.add_argument("--batch-size", type=int, default=None,
                    help="candidates per forward pass when searching a position (default 256 on a CPU, 4096 on a GPU)")
     s.add_argument("--batch-prompts", type=int, default=32,
-                   help="prompts inverted together in lock-step, one forward pass serving them all (1: one at a time)")
+                   help="prompts in flight together in lock-step, one forward pass serving them all; as one finishes "
+                        "the next starts (1: one at a time)")
     s.add_argument("--draft", action="store_true",
                    help="screen a deep search's wide batches with a bfloat16 copy of a float32 model, verifying only "
                         "the candidates it finds near (the rest last, if nothing matched): random ids at deep layers "

@@ -116,15 +116,25 @@ def run(method, lm: LM | str, states, layer: int, config=None, *, final_norm: bo
                              vocab_size=tap.lm.vocab_size, tolerance=tol.to_json(), tap=tap.key,
                              certify=getattr(getattr(engine, "config", None), "certify", "none"))
     t0 = time.perf_counter()
-    # SipIt inverts a batch of prompts in lock-step (one forward pass serves them all); others one by one
+    # SipIt inverts batch_prompts prompts at a time in lock-step (one forward pass serves them all; as one
+    # finishes the next starts); others one by one
     size = max(1, getattr(config, "batch_prompts", 1)) if hasattr(engine, "invert_prompts") else 1
+    ids = true_ids if true_ids is not None else [None] * len(prompts)
     bar = tqdm(total=len(prompts), desc=f"{engine.name} {tap.key}", unit="prompt", disable=not progress)
-    for s in range(0, len(prompts), size):
-        ids = true_ids[s:s + size] if true_ids is not None else [None] * len(prompts[s:s + size])
-        result.prompts += engine.invert_prompts(prompts[s:s + size], ids) if size > 1 else \
-            [engine.invert_prompt(prompts[s], ids[0])]
-        bar.update(len(prompts[s:s + size]))
-        bar.set_postfix(failed=sum(p.status == "failed" for p in result.prompts))
+    failed = 0
+
+    def done(i: int, r: PromptResult) -> None:
+        nonlocal failed
+        failed += r.status == "failed"
+        bar.update(1)
+        bar.set_postfix(failed=failed)
+
+    if size > 1:
+        result.prompts = engine.invert_prompts(prompts, ids, window=size, done=done)
+    else:
+        for p, i in zip(prompts, ids):
+            result.prompts.append(engine.invert_prompt(p, i))
+            done(len(result.prompts) - 1, result.prompts[-1])
     bar.close()
     result.seconds = time.perf_counter() - t0
     return result

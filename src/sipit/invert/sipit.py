@@ -29,6 +29,7 @@ evaluated, and `certify` ("top:K", "full") evaluates more, up to the whole vocab
 - **lock-step batches**: `invert_prompts` runs many prompts' loops side by side; each round, one
   forward pass serves every prompt's next pass (tap.extend_many), so a batch of B prompts costs
   about as many passes as its slowest prompt, each B times wider (flat or padded: tap.extend_many).
+  A file goes through a window of B prompts in flight: as one finishes, the next starts.
   There a miss's lookahead gives the continuation to its best candidate only: the others go alone
   into a pass of short rows (a batch's pass costs its tokens; alone, one pass holds every row
   whatever their lengths); and the policies' deferred work (re-rankings after a miss, a search's
@@ -37,6 +38,7 @@ evaluated, and `certify` ("top:K", "full") evaluates more, up to the whole vocab
     engine = SipIt(lm, layer=15)                     # or SipIt(tap=some_tap)
     r = engine.invert_prompt(states)                 # states [T, tap.dim] -> PromptResult
     rs = engine.invert_prompts([s1, s2, s3])         # lock-step, one PromptResult each
+    rs = engine.invert_prompts(many, window=32)      # at most 32 in flight
 """
 from __future__ import annotations
 
@@ -154,30 +156,49 @@ class SipIt:
         """target [T, tap.dim] (observed states) -> PromptResult."""
         return self.invert_prompts([target], [true_ids])[0]
 
-    def invert_prompts(self, targets: list[Tensor], true_ids: list | None = None) -> list[PromptResult]:
-        """Many prompts in lock-step: targets, a list of [T_i, tap.dim] -> one PromptResult each.
+    def invert_prompts(self, targets: list[Tensor], true_ids: list | None = None, window: int | None = None,
+                       done=None) -> list[PromptResult]:
+        """Many prompts in lock-step: targets, a list of [T_i, tap.dim] -> one PromptResult each, in order.
 
         Each prompt runs its own loop (`_steps`) up to its next forward pass; one `tap.extend_many`
         then serves every prompt's pass together, so B prompts cost about as many passes as the
-        slowest one alone, each pass B times wider. Each prompt gets the ids and status it gets alone,
-        for as many or fewer tokens from the same engine history (the lookahead, _search; first rows,
-        _reliable); its seconds (and `max_seconds`) are its own
-        share of the batch (_Run)."""
+        slowest one alone, each pass B times wider. At most `window` prompts (default: all) are in
+        flight: as one finishes the next starts, its first pass sharing the rounds of those still
+        searching, so a file's prompts do not wait for the slowest of each chunk (lockstep_window_ab.py).
+        Each prompt gets the ids and status it gets alone, for as many or fewer tokens from the same
+        engine history (the lookahead, _search; first rows, _reliable); its seconds (and `max_seconds`)
+        are its own share of the batch (_Run). done(i, result), if given, is called as prompt i finishes."""
         true_ids = true_ids if true_ids is not None else [None] * len(targets)
-        runs = [_Run(target.to(self.lm.dtype).to(self.lm.device), None, self.config.max_seconds, len(targets) > 1)
-                for target in targets]
-        finite = [run for run in runs if torch.isfinite(run.target).all()]  # (the others fail at once: _steps)
-        t = time.perf_counter()  # the policy's first look at every prompt, shared like a forward pass
-        begun = self.policy.begin_many([r.target for r in finite], [r.cost for r in finite])
-        share = (time.perf_counter() - t) / max(len(finite), 1)
-        for run, policy in zip(finite, begun):
-            run.policy, run.seconds = policy, share
-        loops = [self._steps(run, ids) for run, ids in zip(runs, true_ids)]
-        results: list = [None] * len(loops)
-        asks = {}  # prompt index -> the _Pass it waits for
-        for i in range(len(loops)):
-            self._resume(i, runs[i], loops[i], None, asks, results)
-        while asks:
+        window = min(window or len(targets), len(targets))
+        runs: list = [None] * len(targets)
+        loops: list = [None] * len(targets)
+        results: list = [None] * len(targets)
+        asks = {}  # prompt index -> the _Pass (or SETTLE) it waits for
+        started = 0  # prompts 0..started-1 have begun
+
+        def start(n: int) -> None:
+            """Start the next n prompts: the policy's first look at them, shared like a forward pass."""
+            nonlocal started
+            new = range(started, min(started + n, len(targets)))
+            started = new.stop
+            for i in new:
+                runs[i] = _Run(targets[i].to(self.lm.dtype).to(self.lm.device), None, self.config.max_seconds,
+                               window > 1)
+            finite = [runs[i] for i in new if torch.isfinite(runs[i].target).all()]  # (the others fail at once)
+            t = time.perf_counter()
+            begun = self.policy.begin_many([r.target for r in finite], [r.cost for r in finite])
+            share = (time.perf_counter() - t) / max(len(finite), 1)
+            for run, policy in zip(finite, begun):
+                run.policy, run.seconds = policy, share
+            for i in new:
+                loops[i] = self._steps(runs[i], true_ids[i])
+                self._resume(i, runs[i], loops[i], None, asks, results, done)
+
+        start(window)
+        while asks or started < len(targets):
+            if len(asks) < window and started < len(targets):  # prompts finished: the next take their places
+                start(window - len(asks))
+                continue
             settling = [i for i, ask in asks.items() if ask is SETTLE]
             if settling:  # the policies' deferred work, for every prompt that needs it at once
                 t = time.perf_counter()
@@ -185,33 +206,36 @@ class SipIt:
                 share = (time.perf_counter() - t) / len(settling)
                 for i in settling:
                     runs[i].seconds += share
-                    self._resume(i, runs[i], loops[i], None, asks, results)
+                    self._resume(i, runs[i], loops[i], None, asks, results, done)
                 continue
-            waiting = list(asks.items())
-            requests = [r for _, p in waiting for r in p.requests]
+            pending = list(asks.items())
+            requests = [r for _, p in pending for r in p.requests]
             longest = max(prefix.length for prefix, _ in requests)  # (a pass's tokens each hold a prefix's cache)
             t = time.perf_counter()
             served = iter(self.tap.extend_many(requests, self.tap.rows_that_fit(longest + 1, self.config.pass_tokens)))
             sync(self.lm.device)  # a GPU pass's time is the pass's, not the first reader's (pass_seconds)
             share = (time.perf_counter() - t) / sum(rows.numel() for _, rows in requests)
-            for i, p in waiting:
+            for i, p in pending:
                 spent = share * sum(rows.numel() for _, rows in p.requests)
                 runs[i].seconds += spent
                 runs[i].cost["pass_seconds"] += spent
-                self._resume(i, runs[i], loops[i], [next(served) for _ in p.requests], asks, results)
+                self._resume(i, runs[i], loops[i], [next(served) for _ in p.requests], asks, results, done)
         return results
 
     @staticmethod
-    def _resume(i, run, loop, answer, asks, results) -> None:
+    def _resume(i, run, loop, answer, asks, results, done=None) -> None:
         """Run prompt i's loop up to its next request (a _Pass or SETTLE, recorded in asks) or its result,
-        on its clock."""
+        on its clock (then done(i, result), if given)."""
         run.resumed = time.perf_counter()
         try:
             asks[i] = loop.send(answer)
-        except StopIteration as done:
+        except StopIteration as finished:
             asks.pop(i, None)
-            results[i] = done.value
+            results[i] = finished.value
+            run.target = None  # (freed: a file's prompts are not all kept on the device)
         run.seconds += time.perf_counter() - run.resumed
+        if results[i] is not None and done is not None:
+            done(i, results[i])
 
     def _steps(self, run: _Run, true_ids):
         """One prompt's loop: yields _Pass requests, receives their answers, returns a PromptResult."""
