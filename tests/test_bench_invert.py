@@ -32,6 +32,9 @@ def test_bench_invert_reports_every_policy_on_the_same_prompts():
     # lock-step: B = 1 and 3 (one batch of 3, the 4th prompt left out); B = 8 > 4 prompts is not run
     assert [(e["batch"], e["batches"], e["prompts"], e["exact"]) for e in learned["lock_step"]] == [(1, 4, 4, 4), (3, 1, 3, 3)]
     assert all(0 < e["ratio_in_passes_median"] < e["ratio_to_batched_forward_median"] for e in learned["lock_step"])
+    # a file's way: all 4 prompts, at most B in flight (the 4th too), against the batched forwards of B at a time
+    assert [(e["window"]["prompts"], e["window"]["exact"], e["window"]["ok"]) for e in learned["lock_step"]] == [(4, 4, 4)] * 2
+    assert all(e["window"]["ratio_to_batched_forwards"] > 0 for e in learned["lock_step"])
     # where the time goes: the forward passes and the rest, each prompt against its forward
     for entry in (learned, exhaustive):
         assert entry["ratio_split"]["passes"] > 0 and entry["ratio_split"]["rest"] > 0

@@ -19,7 +19,9 @@ ranks the whole vocabulary at every snap), one-time calibration seconds and the 
 prompt (calibration ÷ N + inversion, N = 1, 100, 10,000), the share of certified positions, ε and
 its headroom, and the cost of `certify` modes (extra seconds per prompt). The learned policy also
 inverts the prompts B at a time in lock-step (`lock_step`, `--batches`): seconds per batch ÷ one
-batched forward pass of the same B prompts, the throughput a file of many captured prompts gets.
+batched forward pass of the same B prompts, and every prompt as a file goes (`window`: at most B in flight,
+the next starting as one finishes) ÷ the batched forwards of the same prompts B at a time: the throughput a
+file of many captured prompts gets.
 Prints JSON.
 """
 from __future__ import annotations
@@ -175,7 +177,8 @@ def interleaved(data) -> list[int]:
 def _batch_entry(engine, tap, ids, states, data, B: int) -> dict:
     """Prompts inverted B at a time in lock-step: seconds of each batch ÷ one batched forward pass of
     the same B prompts to the layer (median of 3, timed right before). Prompts interleaved by kind,
-    cut into batches of B (a remainder smaller than B is left out)."""
+    cut into batches of B (a remainder smaller than B is left out); then all of them through a window of B
+    (`window`: _window_entry)."""
     order = interleaved(data)
     batches = [order[i:i + B] for i in range(0, len(order) - B + 1, B)]
     ratios, in_passes, seconds, fwd, res = [], [], [], [], []
@@ -194,7 +197,22 @@ def _batch_entry(engine, tap, ids, states, data, B: int) -> dict:
                 ratio_to_batched_forward_median=round(statistics.median(ratios), 3),
                 ratio_to_batched_forward=[round(r, 3) for r in ratios],
                 ratio_in_passes_median=round(statistics.median(in_passes), 3),  # of it, the lock-step passes
-                tap_calls_per_prompt=round(statistics.mean(r.tap_calls for r in res), 3))
+                tap_calls_per_prompt=round(statistics.mean(r.tap_calls for r in res), 3),
+                window=_window_entry(engine, tap, ids, states, order, B))
+
+
+def _window_entry(engine, tap, ids, states, order: list[int], B: int) -> dict:
+    """Every prompt (in `order`) as the driver inverts a file: at most B in flight, the next starting as one finishes
+    (SipIt.invert_prompts(window=B)), seconds ÷ the batched forward passes of the same prompts B at a time."""
+    fwd = sum(_forward_seconds(tap, ids[order[i:i + B]]) for i in range(0, len(order), B))
+    sync(ids.device)
+    t = time.perf_counter()
+    res = engine.invert_prompts([states[i] for i in order], [ids[i].tolist() for i in order], window=B)
+    sync(ids.device)
+    seconds = time.perf_counter() - t
+    return dict(prompts=len(res), exact=sum(bool(r.exact) for r in res), ok=sum(r.status == "ok" for r in res),
+                seconds=round(seconds, 4), forward_seconds=round(fwd, 4),
+                ratio_to_batched_forwards=round(seconds / fwd, 3))
 
 
 def _policy_entry(name, engine, fwd, res, T, cfg, data, V, scored: int | None = None) -> dict:
