@@ -313,6 +313,8 @@ def test_a_window_of_lock_step_prompts_starts_the_next_as_one_finishes(lm):
     for s in range(0, 5, 2):  # chunks of 2: each waits for its slower prompt
         engine.invert_prompts(prompts[s:s + 2])
     assert in_windows < len(rounds)
+    with pytest.raises(InversionError, match="window must be at least 1"):
+        engine.invert_prompts(prompts, window=0)
 
 
 def test_float16_states_and_batch_list(lm):

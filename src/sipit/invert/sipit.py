@@ -52,7 +52,7 @@ from torch import Tensor
 from ..models import LM, LayerTap
 from ..models.device import sync
 from .certify import Certifier, Queue, chunks
-from .config import InvertConfig, batch_size_for, pass_tokens_for, speculate_tokens_for
+from .config import InversionError, InvertConfig, batch_size_for, pass_tokens_for, speculate_tokens_for
 from .result import Position, PromptResult, judge
 from .verify import rel_distance
 
@@ -168,6 +168,8 @@ class SipIt:
         Each prompt gets the ids and status it gets alone, for as many or fewer tokens from the same
         engine history (the lookahead, _search; first rows, _reliable); its seconds (and `max_seconds`)
         are its own share of the batch (_Run). done(i, result), if given, is called as prompt i finishes."""
+        if window is not None and window < 1:
+            raise InversionError(f"window must be at least 1 prompt in flight, got {window}")
         true_ids = true_ids if true_ids is not None else [None] * len(targets)
         window = min(window or len(targets), len(targets))
         runs: list = [None] * len(targets)
