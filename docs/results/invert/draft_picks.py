@@ -15,7 +15,6 @@ import torch
 from common import bench_prompts, smollm2
 from sipit.invert import InvertConfig, SipIt
 from sipit.invert.learned.config import calibration_config
-from sipit.invert.learned.ranker import row_dots, top_rows
 from sipit.invert.verify import rel_distance
 from sipit.models import LayerTap
 
@@ -26,20 +25,13 @@ policy = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_con
 rk = policy.ranker
 data, ids, states = bench_prompts(lm, tap, seed)
 draft = LayerTap(lm.copy_in(torch.bfloat16), layer) if dtype == "bf16" else tap
-cal = rk.cal
 
 
-def ranked(target: torch.Tensor, prior: bool) -> torch.Tensor:
-    """The ranker's best 64 at positions 1.. of a prompt (target [T, d]), best first, as its guesses score them
-    (with the LM prior where the prompt's guesses use it): [T-1, 64]."""
-    r = rk.context_residuals(target)
-    if not prior:
-        return rk.screen_best(r)[0]  # (guess_top of them without a lens; screen_top with one)
-    n = rk._normed(target[:-1]).float()
-    w, g = 2 * cal.lm_weight, rk.gain
-    top = top_rows(rk._biased_screen([r @ cal.p_basis, (w / (2 * g)) * (n @ cal.u_basis)], rk.prior_table), 64)
-    exact = g * rk._exact(top, r, g) + w * row_dots(rk.unembed, top, n)
-    return top.gather(1, exact.argsort(1, descending=True))
+def ranked(target: torch.Tensor, prior: bool, m: int = 64) -> torch.Tensor:
+    """The ranker's best m at positions 1.. of a prompt (target [T, d]), best first, by its scores of the whole
+    vocabulary (LinearRanker.scores_many; with the LM prior where the prompt's guesses use it): [T-1, m]."""
+    scores = rk.scores_many([(target, t, prior, None) for t in range(1, len(target))])  # [T-1, V]
+    return scores.topk(m, dim=1).indices
 
 
 def tree_pass(row: torch.Tensor, alts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
