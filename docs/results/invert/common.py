@@ -116,3 +116,18 @@ def alternate(layer: int, seed: int, length: int, settings: dict, per_source: in
               f"{statistics.median(ratios[name]):.2f} (mean {statistics.mean(ratios[name]):.2f}), tokens "
               f"{statistics.mean(tokens[name]):.0f}, passes {statistics.mean(calls[name]):.1f} a prompt, "
               f"{statistics.mean(in_passes[name]):.3f} s in passes", flush=True)
+
+
+def module_before(commit: str, name: str):
+    """sipit/invert/learned/<name>.py as it was at an earlier commit, as a module (an earlier ranker or calibration
+    beside the current ones, in one process)."""
+    import subprocess
+    import sys
+    import types
+
+    source = subprocess.check_output(["git", "show", f"{commit}:src/sipit/invert/learned/{name}.py"], text=True)
+    module = types.ModuleType(f"sipit.invert.learned.{name}_before")
+    module.__package__ = "sipit.invert.learned"
+    sys.modules[module.__name__] = module  # (dataclasses look their module up)
+    exec(compile(source, f"{name}.py@{commit}", "exec"), module.__dict__)
+    return module

@@ -15,7 +15,7 @@ print("has_prior", cal.has_prior, "lm_gate", cal.lm_gate, "lm_weight", cal.lm_we
 for i, t in cases:
     target = states[i]; truth = int(ids[i, t])
     g = rk.guesses([target])[0]
-    lp = rk.lm_logprobs([target], [g[0]])[0]
+    lp = rk.prior_screens(rk.context_residuals(target), lm.norm(target[:-1]).float())[1]  # the gate's: of the plain guesses
     rank = lambda s: int((s > s[truth]).sum())
     plain = rk.scores(target, t, False)
     withp = rk.scores(target, t, True)

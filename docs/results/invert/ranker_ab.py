@@ -15,9 +15,10 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 
 import torch
+
+import common
 
 from sipit.bench.invert import prompts
 from sipit.invert import InvertConfig, SipIt
@@ -32,14 +33,8 @@ calibration = sys.argv[7] if len(sys.argv) > 7 else "full"
 torch.set_num_threads(2)
 
 
-def module_before(name: str) -> types.ModuleType:
-    """sipit/invert/learned/<name>.py as it was at the commit `before`."""
-    source = subprocess.check_output(["git", "show", f"{before}:src/sipit/invert/learned/{name}.py"], text=True)
-    module = types.ModuleType(f"sipit.invert.learned.{name}_before")
-    module.__package__ = "sipit.invert.learned"
-    sys.modules[module.__name__] = module  # (dataclasses look their module up)
-    exec(compile(source, f"{name}.py@{before}", "exec"), module.__dict__)
-    return module
+def module_before(name: str):
+    return common.module_before(before, name)
 
 
 lm = load_model(model)

@@ -91,8 +91,8 @@ def test_invert_config_calibration_tokens_reaches_the_learned_config():
 
 
 def test_default_key_unchanged_and_fast_mode_keyed_apart():
-    """The default settings' part of the key is pinned (as computed with VERSION 9; VERSION 7 made P's screen begin
-    scoring projected distances; screen_rank 16 and table_rank 32 since 2026-11-26; 9: a refit; sampled_fraction
+    """The default settings' part of the key is pinned (as computed with VERSION 10; VERSION 7 made P's screen begin
+    scoring projected distances; screen_rank 16 and table_rank 32 since 2026-11-26; 9: a refit; 10: the head's screen rank chosen; sampled_fraction
     since 2026-11-26 too, a refit of the full calibrations only: fast mode has none, and 0 stays out of the key):
     adding a setting must not orphan the cached calibrations; table_tokens (fast mode) gives another key."""
     default = ("{'calibration_tokens': 49152, 'seq_len': 64, 'random_fraction': 0.2, 'sampled_fraction': 0.3333333333333333, "
@@ -103,7 +103,7 @@ def test_default_key_unchanged_and_fast_mode_keyed_apart():
                "'lens_rows': 256}")
     assert LearnedConfig().fit_key() == default and calibration_config("full") == LearnedConfig()
     lm = load_model("tiny-gpt2")
-    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-aff4a1723bdb")
+    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-2134c8871d2f")
     fast = calibration_config("fast")
     assert fast.table_tokens == 4096 and fast.calibration_tokens == 16384
     assert cache_path(LayerTap(lm, 2), fast) != cache_path(LayerTap(lm, 2), LearnedConfig())

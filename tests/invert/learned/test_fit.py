@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sipit.invert.learned import Calibration, calibrate, calibrate_layers, data
-from sipit.invert.learned.fit import Moments, TokenMoments, fit_calibrations
+from sipit.invert.learned.fit import Moments, TokenMoments, _smallest_as_good, fit_calibrations
 from sipit.models import LayerTap
 
 from .conftest import FAST, SAMPLED
@@ -64,6 +64,25 @@ def test_lm_prior_only_at_the_last_layer_of_plain_states(lm):
     assert not calibrate(LayerTap(lm, 2), FAST).has_prior
     last = calibrate(LayerTap(lm, lm.n_layers), FAST)
     assert last.has_prior and last.lm_weight == FAST.lm_weight and last.lm_gate is not None
+
+
+
+def test_the_head_screen_takes_the_smallest_rank_that_guesses_as_well_as_the_whole_head(lm):
+    """The LM prior's screen reads the head in a subspace of head_rank, doubled until its guesses on the validation
+    text rows are wrong no more often than the whole head's; at full rank the screen is the head's own rows."""
+    from sipit.invert.learned.ranker import LinearRanker
+
+    assert _smallest_as_good({2: 9, 4: 6, 8: 6, 16: 5, 32: 4, 64: 5}.get, 2, 64) == 16
+    assert _smallest_as_good({2: 5, 64: 5}.get, 2, 64) == 2
+    assert _smallest_as_good({2: 9, 4: 9, 8: 9, 16: 9, 32: 9, 64: 3}.get, 2, 64) == 64
+    tap, d = LayerTap(lm, lm.n_layers), lm.d_model
+    unweighted = calibrate(tap, replace(FAST, head_rank=2, lm_weight=0.0))  # (the prior changes no guess)
+    assert unweighted.u_basis.shape == (d, 2) and unweighted.u_proj.shape == (lm.vocab_size, 2)
+    whole = calibrate(tap, replace(FAST, head_rank=d))
+    assert whole.u_proj is None and torch.equal(whole.u_basis, torch.eye(d))
+    ranker = LinearRanker(whole, tap)
+    assert torch.equal(ranker.head_low, lm.unembedding_rows().float().to(ranker.low))
+    assert whole.lm_gate is not None
 
 
 class ProjectedTap:

@@ -71,7 +71,7 @@ def test_begin_many_gives_each_prompt_what_begin_gives_it_alone(lm, cache, last)
     ranker = engine.policy.ranker
     if last:
         ranker.cal = copy.copy(ranker.cal)
-        logps = ranker.lm_logprobs(states, [gs for gs, _ in ranker.guesses(states)])
+        logps = [ranker.prior_screens(ranker.context_residuals(h), lm.norm(h[:-1]).float())[1] for h in states]
         scores = sorted(float(lp.mean()) for h, lp in zip(states, logps) if len(h) > 1)
         ranker.cal.lm_gate = (scores[1] + scores[2]) / 2
     cost = dict(forward_tokens=0, backward_tokens=0, tap_calls=0)

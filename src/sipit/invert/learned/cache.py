@@ -21,10 +21,11 @@ from ...models.load import cache_dir
 from .config import LearnedConfig
 from .data import samples_possible
 
-VERSION = 9  # bump whenever what is fitted, stored or keyed changes (6: the lens prior below the last layer; 7: P's
+VERSION = 10  # bump whenever what is fitted, stored or keyed changes (6: the lens prior below the last layer; 7: P's
 #             screen scores projected distances, so its rank is chosen anew; the table subspace keeps 64 columns;
 #             8: the lens gate read from the screen's 64 best again; 9: refit, as a fit of this code chooses
-#             SmolLM2 layer 1's screening rank 16 where the cached one under 8's key, fitted at 5e97427, has 32)
+#             SmolLM2 layer 1's screening rank 16 where the cached one under 8's key, fitted at 5e97427, has 32;
+#             10: the LM head's screen rank chosen on the validation rows)
 
 
 @dataclass
@@ -43,7 +44,8 @@ class Calibration:
         P [V, d] = W A e_v, P_sq [V], white [d, d] = W, Bw [d, d], cw [d], gain
         p_basis [d, r], p_proj [V, r]   P in its principal subspace (r = d: scored exactly)
     LM prior (last layer of plain states only, else None):
-        u_basis [d, k], u_proj [V, k]   LM-head rows in their principal subspace
+        u_basis [d, k], u_proj [V, k]   LM-head rows in their principal subspace (k = d: u_basis the identity,
+                                        u_proj None, the head's own rows)
         lm_gate: mean LM log-prob of a prompt's plain guesses above which the prior is on; lm_weight
     Lens prior (plain states below the last layer, else None): the LM head read through a translator
     of the observed state to the last layer's (a tuned lens, least squares on calibration text)

@@ -37,7 +37,8 @@ class LearnedConfig:
     #                       SmolLM2: half of 128 read 1.04 -> 0.42 ms a prompt, 32 another 0.2-0.3 ms; the bounds
     #                       still exclude every token but the truth at layers 1 / 15 / 30, fresh seed 149: the
     #                       closest others are scored exactly)
-    head_rank: int = 128  # rank of the LM head's screen (the LM prior)
+    head_rank: int = 128  # smallest rank tried for the LM head's screen (the LM prior; doubled until its guesses are as
+    #                      good as the whole head's: SmolLM2 layer 30 takes the whole head, Gemma-3-270M 128)
     gains: tuple[float, ...] = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # shrinkage of the token part
     validation_rows: int = 32  # fresh calibration-like rows (20 tokens) choosing gain and rank
     # --- LM prior (last layer, plain states only): + lm_weight · log p_LM(v | prefix) on text-like prompts

@@ -279,20 +279,53 @@ def _screening(parts: dict, H: Tensor, ids: Tensor, cfg: LearnedConfig, tap) -> 
         rank = min(2 * rank, d)
 
 
-def _lm_prior(cal: Calibration, tap, H_random: Tensor, cfg: LearnedConfig) -> None:
+def _lm_prior(cal: Calibration, tap, validation: tuple[Tensor, Tensor], H_random: Tensor, cfg: LearnedConfig) -> None:
     """At the last layer the observed ĥ_{t−1} gives the LM's next-token distribution: a strong prior
     for text (SmolLM2, ℓ = 30, held-out prose: top-1 63% → 75%, mean rank 358 → 9) that hurts random
     ids. The gate: the mean LM log-prob of a prompt's plain guesses, text above, random below it
     (held-out SmolLM2 prompts: prose ≥ −11.4, random ≤ −13.5); it sits cfg.gate_margin nats above
-    the 99th percentile of fresh random-id rows H_random [n, S, d]."""
+    the 99th percentile of fresh random-id rows H_random [n, S, d].
+
+    The guesses screen the head through its principal subspace, of the smallest rank of head_rank, 2·head_rank,
+    ..., d whose prior guesses on the validation text rows (validation: ids [n, S], states [n, S, d]) are wrong no
+    more often than the whole head's: a screen of too low a rank can drop the tokens the LM ranks first (SmolLM2
+    ℓ = 30: 101 / 95 / 83 / 74 of 494 wrong at ranks 128 / 256 / 512 / 576, so the whole head; Gemma-3-270M ℓ = 18,
+    fast: 67 / 67 / 67 / 68 of 494, so 128). At rank d the screen is the head itself (u_proj None)."""
     U = tap.lm.unembedding_rows()
-    Q = _principal_basis(U, min(cfg.head_rank, U.shape[1]))
-    cal.u_basis, cal.u_proj = Q.float(), (U.double() @ Q).float()
+    d = U.shape[1]
+    basis = _principal_basis(U, d).float()  # [d, d], by decreasing variance
     cal.lm_weight = cfg.lm_weight
-    ranker = _ranker(cal, tap, cfg)
-    H = list(H_random.float())
-    guesses = ranker.screen(ranker.context_residuals(*H)).split([len(h) - 1 for h in H])
-    cal.lm_gate = _above_random([float(lp.mean()) for lp in ranker.lm_logprobs(H, list(guesses))], cfg)
+    plain = _ranker(cal, tap, cfg)  # (no prior yet)
+
+    def rows(H: Tensor) -> tuple[Tensor, Tensor]:  # states [n, S, d] -> residuals, normed previous states [n(S-1), d]
+        return plain.context_residuals(*H.float()), tap.lm.norm(H[:, :-1].float()).reshape(-1, d).float()
+
+    ids, H_val = validation
+    text = len(ids) - _random_rows(len(ids), cfg)  # (calibration_ids puts the random-id rows last)
+    r, n = rows(H_val[:text])
+    truth = ids[:text, 1:].reshape(-1)
+
+    def at(rank: int) -> LinearRanker:  # the calibration's head screen at a rank, and its ranker
+        cal.u_basis = basis[:, :rank].contiguous() if rank < d else torch.eye(d, device=U.device)
+        cal.u_proj = (U.double() @ cal.u_basis.double()).float() if rank < d else None
+        return _ranker(cal, tap, cfg)
+
+    ranker = at(_smallest_as_good(lambda k: int((at(k).screen_prior(r, n) != truth).sum()), cfg.head_rank, d))
+    logp = ranker.prior_screens(*rows(H_random))[1]  # the plain guesses' LM log-probs
+    cal.lm_gate = _above_random([float(lp.mean()) for lp in logp.split(H_random.shape[1] - 1)], cfg)
+
+
+def _smallest_as_good(wrong, first: int, d: int) -> int:
+    """The smallest rank of first, 2·first, ..., d whose wrong(rank) (guesses) is no more than wrong(d)'s."""
+    whole, rank = wrong(d), min(first, d)
+    while wrong(rank) > whole:
+        rank = min(2 * rank, d)
+    return rank
+
+
+def _random_rows(rows: int, cfg: LearnedConfig) -> int:
+    """How many of calibration_ids' `rows` rows of cfg.seq_len are random ids (its last ones)."""
+    return int(rows * cfg.seq_len * cfg.random_fraction) // cfg.seq_len
 
 
 def _above_random(scores: list[float], cfg: LearnedConfig) -> float:
@@ -379,7 +412,7 @@ def _calibration(tap, cfg: LearnedConfig, E: Tensor, model: dict, table: Tensor 
         first = _table_subspace(table.half() if fits16 else table, min(cfg.table_rank, table.shape[1]))
     cal = _screening(dict(model, P=P, P_sq=P_sq, **first), H_val.float(), val, cfg, tap)
     if observes_plain_states(tap) and tap.layer == tap.lm.depth:  # not n_layers: max_layer may cut the model
-        _lm_prior(cal, tap, H_gate, cfg)
+        _lm_prior(cal, tap, (val, H_val), H_gate, cfg)
     if cal.lens_w is not None:
         _lens_gate(cal, tap, H_gate, cfg)
     cal.key = calibration_key(tap, cfg)

@@ -127,8 +127,10 @@ class LinearRanker:
         bias = torch.stack([hi, (half_sq - hi.double()).to(self.low), torch.ones_like(hi)], 1)  # [V, 3]
         proj = cal.p_proj.to(self.low)
         self.screen_table = torch.cat([proj, bias], 1)  # [V, r + 3]
-        self.prior_table = torch.cat([proj, cal.u_proj.to(self.low), bias], 1) if cal.has_prior else None
         self.p_proj_low = self.screen_table[:, :proj.shape[1]]  # a view: token_scores' screen (its gain varies)
+        # the LM head in its screen's subspace [V, k]; at full rank (u_proj not stored) the head's own rows
+        u_proj = cal.u_proj if cal.u_proj is not None else self.unembed
+        self.head_low = u_proj.to(self.low) if cal.has_prior else None
 
     @cached_property
     def E(self) -> Tensor:
@@ -189,10 +191,10 @@ class LinearRanker:
         """Top-1 by the screened scores: context residuals r [n, d] -> ids [n]."""
         return self.screen_best(r)[0][:, 0]
 
-    def screen_best(self, r: Tensor) -> tuple[Tensor, Tensor]:
+    def screen_best(self, r: Tensor, approx: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The screen's best, exactly scored: context residuals r [n, d] -> (ids [n, m], scores
-        2 r·P_v − g‖P_v‖² [n, m], best first): the guess_top best of the low-rank screen, or of a full-rank one
-        (screen_top with a lens)."""
+        2 r·P_v − g‖P_v‖² [n, m], best first): the guess_top best of the low-rank screen (approx: its [n, V]
+        scores if made already, _prior_screens), or of a full-rank one (screen_top with a lens)."""
         c = self.cal
         if len(r) > SCREEN_ROWS:
             parts = [self.screen_best(r[i:i + SCREEN_ROWS]) for i in range(0, len(r), SCREEN_ROWS)]
@@ -205,7 +207,8 @@ class LinearRanker:
             half = against(r, c.P).sub_(c.P_sq, alpha=self.gain / 2)
             top = top_rows(half, m)
             return top, 2 * half.gather(1, top)
-        approx = self._biased_screen([r @ c.p_basis], self.screen_table)  # [n, V]
+        if approx is None:
+            approx = self._biased_screen([r @ c.p_basis], self.screen_table)  # [n, V]
         top = top_rows(approx, m)  # [n, m]
         exact = self._exact(top, r, self.gain)  # [n, m]
         best = exact.sort(dim=1, descending=True, stable=True)
@@ -242,19 +245,39 @@ class LinearRanker:
             out.append(s.gather(1, (v + 2 * self.cal.lm_weight * lg).argmax(1, keepdim=True))[:, 0] if on else s[:, 0])
         return out
 
-    def screen_prior(self, r: Tensor, n: Tensor) -> Tensor:
-        """Top-1 by 2 × log-likelihood −‖r − g·P_v‖² + w · log p_LM(v): residuals r [m, d] and the normed
-        previous states n [m, d] -> ids [m]; screened, then exact for the screen_top best."""
-        if len(r) > SCREEN_ROWS:
-            return torch.cat([self.screen_prior(r[i:i + SCREEN_ROWS], n[i:i + SCREEN_ROWS])
-                              for i in range(0, len(r), SCREEN_ROWS)])
+    def _prior_screens(self, r: Tensor, n: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The screens of residuals r [n, d] whose normed previous states are n [n, d], one product over the
+        vocabulary each: the plain screen and the LM head's logits (in its screen's subspace). -> (the plain top-1
+        [n], its LM log-prob [n], the screen_top best by 2 × log-likelihood + w · log p_LM [n, m]). The head's
+        logits serve both the gate (log p_LM of the plain guesses) and the prior's screen: it reads the whole
+        head where the fit chose it (SmolLM2 layer 30: a rank-128 screen dropped the tokens the LM ranks first,
+        code's most), for about what a prior screen of rank 128 and the gate's cost apart."""
         c = self.cal
         self._count(len(r))
-        w, g = 2 * c.lm_weight, self.gain
-        approx = self._biased_screen([r @ c.p_basis, (w / (2 * g)) * (n @ c.u_basis)], self.prior_table)  # score ÷ 2g
-        top = top_rows(approx, min(self.screen_top, approx.shape[1]))
-        exact = g * self._exact(top, r, g) + w * row_dots(self.unembed, top, n)
-        return top.gather(1, exact.argmax(1, keepdim=True))[:, 0]
+        approx = self._biased_screen([r @ c.p_basis], self.screen_table)  # [n, V]: score ÷ 2g less a constant
+        logits = against((n @ c.u_basis).to(self.low), self.head_low).float()  # [n, V]
+        plain = self.screen_best(r, approx)[0][:, 0]
+        logp = (n * self.unembed[plain]).sum(1) - logits.logsumexp(1)
+        best = top_rows(logits.mul_(c.lm_weight / self.gain).add_(approx), min(self.screen_top, logits.shape[1]))
+        return plain, logp, best
+
+    def prior_screens(self, r: Tensor, n: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """_prior_screens of any number of rows, SCREEN_ROWS at a time. -> (plain [n], log p [n], best [n, m])"""
+        parts = [self._prior_screens(r[i:i + SCREEN_ROWS], n[i:i + SCREEN_ROWS])
+                 for i in range(0, max(len(r), 1), SCREEN_ROWS)]  # (no rows: one empty part)
+        return tuple(torch.cat(x) for x in zip(*parts))
+
+    def prior_pick(self, best: Tensor, r: Tensor, n: Tensor) -> Tensor:
+        """Top-1 of the candidates best [n, m] by 2 × log-likelihood −‖r − g·P_v‖² + w · log p_LM(v), exactly:
+        residuals r [n, d], normed previous states n [n, d] -> ids [n]"""
+        g, w = self.gain, 2 * self.cal.lm_weight
+        exact = g * self._exact(best, r, g) + w * row_dots(self.unembed, best, n)
+        return best.gather(1, exact.argmax(1, keepdim=True))[:, 0]
+
+    def screen_prior(self, r: Tensor, n: Tensor) -> Tensor:
+        """Top-1 with the LM prior: residuals r [m, d] and the normed previous states n [m, d] -> ids [m];
+        screened, then exact for the screen_top best."""
+        return self.prior_pick(self.prior_screens(r, n)[2], r, n)
 
     def revised(self, items: list[tuple]) -> list[Tensor]:
         """New top-1 guesses for positions t..t+k-1 (t ≥ 1) of many revisions at once, each (target [T, d],
@@ -281,34 +304,24 @@ class LinearRanker:
                 out[i] = ids
         return out
 
-    def lm_logprobs(self, targets: list[Tensor], ids: list[Tensor]) -> list[Tensor]:
-        """Screened LM log-probs of ids[i] [T_i-1] at positions 1..T_i-1 given the observed ĥ_{t−1} of
-        targets[i] [T_i, d], every prompt's rows in products of SCREEN_ROWS (one [n, V] product per prompt
-        read the [V, r] screen once per prompt: 128 gate rows of the calibration took 2 s). -> [T_i-1] each"""
-        c = self.cal
-        n = self._normed(torch.cat([t[:-1] for t in targets])).float()  # [N, d]
-        self._count(len(n))
-        lse = torch.cat([torch.logsumexp(against(b @ c.u_basis, c.u_proj), 1) for b in n.split(SCREEN_ROWS)])
-        return list(((n * self.unembed[torch.cat(ids)]).sum(1) - lse).split([len(t) - 1 for t in targets]))
-
     def guesses(self, targets: list[Tensor]) -> list[tuple[Tensor, bool]]:
         """Per prompt (targets: list of [T_i, d]): (top-1 guesses for positions 1..T_i-1 [T_i-1],
-        whether the LM prior is on). The products of every prompt are done together: on a CPU a
-        product with few rows is bound by reading the [V, r] screen, so B prompts at once cost
-        about what one does (lock-step inversion)."""
+        whether the LM prior is on: the mean LM log-prob of its plain guesses above the calibration's gate).
+        The products of every prompt are done together: on a CPU a product with few rows is bound by
+        reading the [V, r] screen, so B prompts at once cost about what one does (lock-step inversion)."""
         c = self.cal
+        sizes = [len(t) - 1 for t in targets]
         r = self.context_residuals(*targets)  # [N, d]
-        plain = self.lens_guesses(targets, *self.screen_best(r))  # (the plain top-1 without a lens)
-        logp = self.lm_logprobs(targets, plain) if c.has_prior else [None] * len(plain)
-        prior = [c.has_prior and len(p) > 0 and float(lp.mean()) > c.lm_gate for p, lp in zip(plain, logp)]
-        out = [(p, False) for p in plain]
-        on = [i for i, x in enumerate(prior) if x]
-        if on:
-            r = torch.cat([part for i, part in enumerate(r.split([len(t) - 1 for t in targets])) if i in on])
-            n = torch.cat([self._normed(targets[i][:-1]).float() for i in on])  # [n, d]
-            for i, b in zip(on, self.screen_prior(r, n).split([len(targets[i]) - 1 for i in on])):
-                out[i] = (b, True)
-        return out
+        if not c.has_prior:
+            return [(p, False) for p in self.lens_guesses(targets, *self.screen_best(r))]
+        n = self._normed(torch.cat([t[:-1] for t in targets])).float()  # [N, d]
+        plain, logp, best = self.prior_screens(r, n)
+        on = [len(lp) > 0 and float(lp.mean()) > c.lm_gate for lp in logp.split(sizes)]
+        rows = torch.tensor(on).repeat_interleave(torch.tensor(sizes))  # [N]
+        ids = plain.clone()
+        if rows.any():
+            ids[rows] = self.prior_pick(best[rows], r[rows], n[rows])
+        return list(zip(ids.split(sizes), on))
 
     def anchored_residual(self, target: Tensor, t: int, anchors=None) -> tuple[Tensor, float]:
         """(y, s): position t's whitened observation with the context part removed, and the gain of
