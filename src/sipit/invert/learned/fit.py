@@ -294,6 +294,7 @@ def _lm_prior(cal: Calibration, tap, validation: tuple[Tensor, Tensor], H_random
     U = tap.lm.unembedding_rows()
     d = U.shape[1]
     basis = _principal_basis(U, d).float()  # [d, d], by decreasing variance
+    rotated = U.float() @ basis  # [V, d]: the head in that basis, whose first k columns are rank k's u_proj
     cal.lm_weight = cfg.lm_weight
     plain = _ranker(cal, tap, cfg)  # (no prior yet)
 
@@ -307,7 +308,7 @@ def _lm_prior(cal: Calibration, tap, validation: tuple[Tensor, Tensor], H_random
 
     def at(rank: int) -> LinearRanker:  # the calibration's head screen at a rank, and its ranker
         cal.u_basis = basis[:, :rank].contiguous() if rank < d else torch.eye(d, device=U.device)
-        cal.u_proj = (U.double() @ cal.u_basis.double()).float() if rank < d else None
+        cal.u_proj = rotated[:, :rank].contiguous() if rank < d else None
         return _ranker(cal, tap, cfg)
 
     ranker = at(_smallest_as_good(lambda k: int((at(k).screen_prior(r, n) != truth).sum()), cfg.head_rank, d))
