@@ -23,7 +23,7 @@ for seed in seeds:
             if not prior:
                 continue
             on += 1
-            probs = torch.softmax(rk.unembed @ rk._normed(s[:-1]).float().T, 0)  # [V, T-1]
+            probs = torch.softmax(rk.unembed @ rk.normed(s[:-1]).float().T, 0)  # [V, T-1]
             top_p, top = probs.max(0)
             g = torch.where(top_p > theta, top, g)
             k = int((g != p[1:]).sum())

@@ -85,6 +85,21 @@ def test_the_head_screen_takes_the_smallest_rank_that_guesses_as_well_as_the_who
     assert whole.lm_gate is not None
 
 
+
+@pytest.mark.parametrize("final_norm", [False, True])
+def test_the_gate_is_placed_on_what_the_ranker_reads(lm, final_norm):
+    """The LM prior's gate sits gate_margin above the 99th percentile of the random-id rows' mean log-probs as the
+    ranker computes them at run time, states normed once: already normed ones (final_norm) are not normed again."""
+    from sipit.invert.learned.fit import VALIDATION_LEN, _above_random, _ranker
+
+    tap = LayerTap(lm, lm.n_layers, final_norm=final_norm)
+    cal = calibrate(tap, FAST)
+    H = tap.states(data.random_ids(lm.vocab_size, FAST.gate_rows, VALIDATION_LEN, seed=2)).float()  # the fit's rows
+    ranker = _ranker(cal, tap, FAST)
+    logp = ranker.prior_screens(ranker.context_residuals(*H), ranker.normed(H[:, :-1]).reshape(-1, lm.d_model))[1]
+    assert cal.lm_gate == pytest.approx(_above_random([float(x.mean()) for x in logp.split(VALIDATION_LEN - 1)], FAST),
+                                        abs=1e-4)
+
 class ProjectedTap:
     """A tap of another surface (LayerTap's interface): a fixed projection of layer-2 states to 24
     dimensions, so `dim` differs from d_model and the LM prior does not apply."""

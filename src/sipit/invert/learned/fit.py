@@ -299,7 +299,7 @@ def _lm_prior(cal: Calibration, tap, validation: tuple[Tensor, Tensor], H_random
     plain = _ranker(cal, tap, cfg)  # (no prior yet)
 
     def rows(H: Tensor) -> tuple[Tensor, Tensor]:  # states [n, S, d] -> residuals, normed previous states [n(S-1), d]
-        return plain.context_residuals(*H.float()), tap.lm.norm(H[:, :-1].float()).reshape(-1, d).float()
+        return plain.context_residuals(*H.float()), plain.normed(H[:, :-1].float()).reshape(-1, d).float()
 
     ids, H_val = validation
     text = len(ids) - _random_rows(len(ids), cfg)  # (calibration_ids puts the random-id rows last)

@@ -171,7 +171,8 @@ class LinearRanker:
         c = self.cal
         return torch.cat([t[1:] for t in targets]) @ c.white - torch.cat([t[:-1] for t in targets]) @ c.Bw - c.cw
 
-    def _normed(self, h: Tensor) -> Tensor:
+    def normed(self, h: Tensor) -> Tensor:
+        """States h [..., d] as the LM head reads them: through the final norm unless the tap observes them normed."""
         return h if self.final_norm else self.lm.norm(h)
 
     def _biased_screen(self, parts: list[Tensor], table: Tensor) -> Tensor:
@@ -295,7 +296,7 @@ class LinearRanker:
             r = torch.cat([(target[t:t + len(ids)].float() - states.float()) @ c.white + self.gain * c.P[ids]
                            for target, t, ids, states, _ in (items[i] for i in sel)])  # [Σk, d]
             if prior:
-                n = torch.cat([self._normed(target[t - 1:t + len(ids) - 1]).float()
+                n = torch.cat([self.normed(target[t - 1:t + len(ids) - 1]).float()
                                for target, t, ids, _, _ in (items[i] for i in sel)])
                 top = self.screen_prior(r, n)
             else:
@@ -314,7 +315,7 @@ class LinearRanker:
         r = self.context_residuals(*targets)  # [N, d]
         if not c.has_prior:
             return [(p, False) for p in self.lens_guesses(targets, *self.screen_best(r))]
-        n = self._normed(torch.cat([t[:-1] for t in targets])).float()  # [N, d]
+        n = self.normed(torch.cat([t[:-1] for t in targets])).float()  # [N, d]
         plain, logp, best = self.prior_screens(r, n)
         on = [len(lp) > 0 and float(lp.mean()) > c.lm_gate for lp in logp.split(sizes)]
         rows = torch.tensor(on).repeat_interleave(torch.tensor(sizes))  # [N]
@@ -359,7 +360,7 @@ class LinearRanker:
         s = self.token_scores(torch.stack(ys), torch.tensor(gains), exact_top)
         on = [i for i, (_, _, prior, _) in enumerate(requests) if prior]
         if on:
-            normed = self._normed(torch.stack([requests[i][0][requests[i][1] - 1] for i in on])).float()
+            normed = self.normed(torch.stack([requests[i][0][requests[i][1] - 1] for i in on])).float()
             self._count(len(on))
             s[on] += 2 * self.cal.lm_weight * against(normed, self.unembed)
         return s
@@ -463,4 +464,4 @@ class LinearRanker:
         """The LM's next-token logits at position t from the observed ĥ_{t−1} (its head on the normed
         state: the same order as log p_LM). [V]"""
         self._count(1)
-        return self.unembed @ self._normed(target[t - 1]).float()
+        return self.unembed @ self.normed(target[t - 1]).float()
