@@ -154,20 +154,28 @@ def test_token_scores_screen_in_the_subspace_and_are_exact_for_the_best(lm, rank
 
 
 def test_revised_guesses_anchor_each_position_on_the_state_given_for_it(lm, ranker):
-    """revised([(target, t, ids, states, prior)]): a position whose given state is the observed one (its
+    """revised([(target, t, ids, states, prior, shortlist)]): a position whose given state is the observed one (its
     guess in the right context) keeps that guess; one whose given state is another token's in the right
-    context is re-ranked to the observed token. Many revisions at once (a lock-step batch's) give what
-    each gives alone."""
+    context is re-ranked to the observed token, from the shortlist first_look picked its guess from (a shortlist
+    without it gives one of its own tokens). Many revisions at once (a lock-step batch's) give what each gives
+    alone."""
     ids = torch.tensor(lm.encode("The cat sat on the mat and looked at the dog.")[:10])
     tap = LayerTap(lm, 2)
     target = tap.states(ids).float()
     wrong = ids.clone()
     wrong[5] = (ids[5] + 1) % lm.vocab_size
     seen = torch.stack([target[4], tap.extend(tap.prefill(ids[:5]), wrong[5:6])[0].float(), target[6]])
-    new, = ranker.revised([(target, 4, wrong[4:7], seen, False)])
+    [(_, _, shortlist)] = ranker.first_look([target])  # [9, m]: positions 1..9
+    assert shortlist.shape[1] > 1 and bool((shortlist[4] == ids[5]).any())
+    new, = ranker.revised([(target, 4, wrong[4:7], seen, False, shortlist[3:6])])
     assert new.tolist() == ids[4:7].tolist()
-    items = [(target, 4, wrong[4:7], seen, False), (target, 1, ids[1:4], target[1:4] + 0.1, False),
-             (target, 7, wrong[7:9], target[7:9], False)]
+    without = shortlist[3:6].clone()
+    without[1][without[1] == ids[5]] = wrong[5]
+    new, = ranker.revised([(target, 4, wrong[4:7], seen, False, without)])
+    assert int(new[1]) != int(ids[5]) and int(new[1]) in without[1].tolist()
+    items = [(target, 4, wrong[4:7], seen, False, shortlist[3:6]),
+             (target, 1, ids[1:4], target[1:4] + 0.1, False, shortlist[0:3]),
+             (target, 7, wrong[7:9], target[7:9], False, shortlist[6:8])]
     assert [g.tolist() for g in ranker.revised(items)] == [ranker.revised([item])[0].tolist() for item in items]
 
 

@@ -40,12 +40,13 @@ class Learned(Policy):
         for s in range(0, len(targets), GROUP):
             group = [t.float() for t in targets[s:s + GROUP]]
             g0, d0, bounds0 = self.ranker.position0(torch.stack([t[0] for t in group]))
-            for j, (rest, prior) in enumerate(self.ranker.guesses(group)):
+            for j, (rest, prior, shortlist) in enumerate(self.ranker.first_look(group)):
                 p = into[s + j]
                 Policy.begin(p, targets[s + j], costs[s + j])
                 p.target, p.prior = group[j], prior
                 p.d0, p.bounds0 = d0[j], bounds0[j] if bounds0 is not None else None
                 p.guess = torch.cat([g0[j:j + 1], rest])  # [T]
+                p.shortlist = shortlist  # [T - 1, m]: the candidates the guesses at 1.. were picked from (revised)
                 p.anchors = {}  # t -> [(ids [n], exact states [n, d] at t on the verified prefix)]
                 p.revisions = []  # not yet applied to p.guess: (t, ids [k], states [k, d])
                 p.search = None  # the position whose search's first ranking is deferred (prepare)
@@ -73,10 +74,11 @@ class Learned(Policy):
             seen.append((ids.to(self.target.device), states.to(self.target.device, torch.float32, copy=True)))
 
     def revise(self, t, ids, states):
-        """States of the guesses at t.. computed after a wrong guess before t: their re-ranked top-1s
-        replace the guesses there (SmolLM2, the seed-5 bench prompts of four sources: at ℓ = 15, 7 of 14
-        later wrong guesses became right and none of 158 right ones turned wrong; at ℓ = 30, 15 of 61
-        and 3 of 173). Deferred to the next `guesses`, or to settle_many over a lock-step batch."""
+        """States of the guesses at t.. computed after a wrong guess before t: their top-1s re-ranked within the
+        shortlists the first guesses came from (ranker.revised) replace the guesses there (SmolLM2, the seed-5 bench
+        prompts of four sources, re-ranked over the whole vocabulary: at ℓ = 15, 7 of 14 later wrong guesses became
+        right and none of 158 right ones turned wrong; at ℓ = 30, 15 of 61 and 3 of 173). Deferred to the next
+        `guesses`, or to settle_many over a lock-step batch."""
         if t < len(self.guess) and len(ids):
             self.revisions.append((t, ids, states))
 
@@ -88,7 +90,8 @@ class Learned(Policy):
         ranker = policies[0].ranker
         items = [(p, t, ids, states) for p in policies for t, ids, states in p.revisions]
         if items:
-            new = ranker.revised([(p.target, t, ids, states, p.prior) for p, t, ids, states in items])
+            new = ranker.revised([(p.target, t, ids, states, p.prior, p.shortlist[t - 1:t - 1 + len(ids)])
+                                  for p, t, ids, states in items])
             for (p, t, ids, _), guess in zip(items, new):  # in order: a later revision of a position wins
                 p.guess[t:t + len(ids)] = guess
         searching = [p for p in policies if p.search is not None and p.search > 0]
