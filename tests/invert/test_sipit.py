@@ -367,6 +367,36 @@ def test_a_failure_names_the_position_that_failed(lm):
     assert "at position 3" in p.message and [q.via for q in p.positions[:3]] == ["speculation"] * 3
 
 
+@pytest.mark.parametrize("off", ["passes", "observation"])
+def test_a_position_only_the_loops_passes_put_off_is_verified_by_a_full_forward(lm, monkeypatch, off):
+    """Numerical noise differs by position: where the loop's passes (a cache, batches) put position 3's true state
+    3ε from the observation, a full forward of the prompt's length (as the observation was made) verifies it
+    (via "full-length", every prompt exact); where the observation itself is 3ε off, nothing does: failed."""
+    ids, states = capture(lm, TEXT[:1], 2, n=8)
+    engine = SipIt(lm, 2, InvertConfig(policy="learned", **FAST))
+    direction = torch.randn(states.shape[-1], generator=torch.Generator().manual_seed(0))
+    shift = lambda h: h + 3 * engine.eps * h.norm() * direction / direction.norm()  # noqa: E731
+    if off == "observation":
+        states = states.clone()
+        states[0, 3] = shift(states[0, 3])
+    else:
+        extend_many = engine.tap.extend_many
+
+        def noisy(requests, *a):
+            out = extend_many(requests, *a)
+            for (prefix, _), (h, _) in zip(requests, out):
+                if 0 <= 3 - prefix.length < h.shape[1]:
+                    h[:, 3 - prefix.length] = shift(h[:, 3 - prefix.length])
+            return out
+        monkeypatch.setattr(engine.tap, "extend_many", noisy)
+    p = engine.invert_prompt(states[0], ids[0].tolist())
+    if off == "observation":
+        assert p.status == "failed" and "at position 3" in p.message and len(p.ids) == 3
+    else:
+        assert p.exact and p.status == "ok" and p.positions[3].via == "full-length"
+        assert p.positions[3].distance <= engine.eps and [q.via for q in p.positions].count("full-length") == 1
+
+
 def test_wrong_model_fails():
     gpt2, llama = load_model("tiny-gpt2"), load_model("tiny-llama")
     _, states = capture(gpt2, TEXT, 2)

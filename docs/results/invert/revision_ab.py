@@ -31,6 +31,7 @@ def setting(method):
     return apply
 
 
-layer, seed, per_source, repeats, B = (int(x) for x in sys.argv[1:6])
-common.alternate(layer, seed, 20, {"whole vocabulary": setting(whole_vocabulary),
-                                   "shortlist": setting(LinearRanker.revised)}, per_source, repeats, B)
+if __name__ == "__main__":
+    layer, seed, per_source, repeats, B = (int(x) for x in sys.argv[1:6])
+    common.alternate(layer, seed, 20, {"whole vocabulary": setting(whole_vocabulary),
+                                       "shortlist": setting(LinearRanker.revised)}, per_source, repeats, B)

@@ -23,7 +23,8 @@ class Position:
     margin: float | None  # smallest distance (evaluated or lower bound) of the other tokens covered
     margin_over: int  # how many other tokens (outside the token's class) the margin covers
     tried: int  # candidates evaluated by a forward pass at this position (the model's, or the draft's: drafted)
-    via: str  # "speculation" | "lookahead" | "search" | "hardprompts"
+    via: str  # "speculation" | "lookahead" | "search" | "full-length" (a search's candidate within ε only through a
+    #           full forward of the prompt's length: sipit.NEAR) | "hardprompts"
     certified: bool = False  # margin covers every other token and margin > ε
     certified_by: str | None = None  # "evaluated" | "bound" | "evaluated+bound"
     duplicates: list[int] | None = None  # the token's class of identical embedding rows, if > 1

@@ -118,6 +118,12 @@ DRAFT_FROM = 256  # candidates in a search batch from which the draft screens it
 DRAFT_NEAR = 0.1  # the draft's relative distance up to which a candidate goes on to the model (SmolLM2 layers 15 and
 #                   30, draft_pass.py: the true token 0.013-0.023, every other ≥ 0.26)
 DRAFT_KEEP = 8  # and after each drafted batch the nearest so many of all drafted so far go on (_drafted)
+NEAR = 50  # a search batch with nothing within ε, the nearest candidate so far within NEAR·ε: that one is recomputed by a
+#            full forward of the prompt's length, as the observation was most likely made (_full_length: once a search). Numerical noise
+#            is not the same at every position: SmolLM2 layer 30, random ids (fresh seed 809, prompt 22), position 1
+#            after the token 46189 was 6e-4 to 1.3e-3 from the observation through the cache and batches (ε 1.8e-4,
+#            measured on other prompts: eps.py), 0 through a forward of the prompt's 20 tokens; the prompt failed
+#            after searching the whole vocabulary. NEAR is ε's own headroom over the measured noise (eps.FACTOR).
 
 
 @dataclass
@@ -390,6 +396,7 @@ class SipIt:
         lookahead = continuation is not None and len(continuation) > 0 and cfg.lookahead_tokens > 0
         n_batches = 0
         drafts, far = self.drafts, {}  # far: candidates the draft put far from the observation {id: its distance}
+        rechecked = False  # whether a near candidate went through a full forward (_full_length) in this search
         draft_prefix = []  # the prefix through the draft, made at the search's first drafted batch
         while not run.capped():
             left = limit - len(evaluated) - len(far)
@@ -430,6 +437,15 @@ class SipIt:
             d = rel_distance(h0, run.target[t]).cpu()  # [B]
             evaluated.update(zip(batch.tolist(), d.tolist()))
             passing = (d <= self.eps).nonzero().flatten()
+            if not len(passing) and not rechecked:  # the nearest so far (a wrong guess's too) through a full forward
+                v = min(evaluated, key=evaluated.get)
+                if evaluated[v] <= NEAR * self.eps:
+                    rechecked = True
+                    full, grown = self._full_length(run, prefix, v, continuation)
+                    if full <= self.eps:
+                        evaluated[v] = full
+                        return _Search(grown, [Position(v, full, None, 0, tried=len(evaluated) + len(far),
+                                                        via="full-length", drafted=len(far))], {})
             if lookahead:
                 self.carried += 1
                 self.carried_wrong += not bool((passing < carry).any())
@@ -454,6 +470,23 @@ class SipIt:
         if bounds is not None:  # certified lower bounds of the tokens never evaluated
             best = min(best, float(bounds.min()))
         return _Search(prefix, [Position(None, best, None, 0, tried=len(evaluated) + len(far), via="search")], {})
+
+    def _full_length(self, run: _Run, prefix, v: int, continuation: Tensor | None):
+        """Candidate v at t = prefix.length through one full forward of the prompt's length T (the verified prefix,
+        v, then the guessed continuation or v again: position t does not depend on what follows), the shape the
+        observation was most likely computed in, where the loop's passes (a cache, rows of other lengths, batches)
+        put it within NEAR·ε but not ε (NEAR). Outside the driver's rounds (a rare pass: in a lock-step batch the
+        others wait for it). -> (its relative distance, the prefix grown by v, from this pass's cache)"""
+        T, t = run.target.shape[0], prefix.length
+        after = continuation.cpu()[:T - t - 1] if continuation is not None else torch.zeros(0, dtype=torch.long)
+        after = torch.cat([after, torch.full((T - t - 1 - len(after),), v)])
+        start = time.perf_counter()
+        whole, h = self.tap.prefill(torch.cat([prefix.ids.cpu(), torch.tensor([v]), after]), return_states=True)
+        sync(self.lm.device)
+        run.cost["forward_tokens"] += T
+        run.cost["tap_calls"] += 1
+        run.cost["pass_seconds"] += time.perf_counter() - start
+        return float(rel_distance(h[t:t + 1], run.target[t])[0]), whole.crop(t + 1)
 
     def _drafted(self, run: _Run, prefix, draft_prefix: list, batch: Tensor, far: dict) -> Tensor:
         """The candidates at t = prefix.length that go on through the model: those of batch [B] whose state

@@ -288,9 +288,9 @@ class LinearRanker:
         each is its position's state of its guess in a context one token off, so as a one-anchor re-ranking (the
         anchored residual W ĥ_s − W h_s(g_s) + gain·P_{g_s}) it corrects the context part. Scored exactly, the
         shortlist only: the anchor moves the context, and the truth of a guess it corrects was mostly among them
-        already (SmolLM2 layer 30, fresh seed 773: 1,451 of 1,497 revised positions the same top-1 as re-ranking the
-        whole vocabulary, 1,202 right against 1,199, with no product over the vocabulary: those took about 7% of a
-        prompt's time there). The prompts of a lock-step batch settle theirs together (Learned.settle_many).
+        already (SmolLM2 layer 30, fresh seeds 773 / 809: 1,438 of 1,482 and 1,565 of 1,622 revised positions the same
+        top-1 as re-ranking the whole vocabulary, right 1,198 / 1,323 against 1,194 / 1,307: revision_agreement.py),
+        with no product over the vocabulary (those took about 7% of a prompt's time there). The prompts of a lock-step batch settle theirs together (Learned.settle_many).
         -> ids [k] per revision"""
         c = self.cal
         out: list = [None] * len(items)
