@@ -118,12 +118,13 @@ DRAFT_FROM = 256  # candidates in a search batch from which the draft screens it
 DRAFT_NEAR = 0.1  # the draft's relative distance up to which a candidate goes on to the model (SmolLM2 layers 15 and
 #                   30, draft_pass.py: the true token 0.013-0.023, every other ≥ 0.26)
 DRAFT_KEEP = 8  # and after each drafted batch the nearest so many of all drafted so far go on (_drafted)
-NEAR = 50  # a search batch with nothing within ε, the nearest candidate so far within NEAR·ε: that one is recomputed by a
-#            full forward of the prompt's length, as the observation was most likely made (_full_length: once a search). Numerical noise
-#            is not the same at every position: SmolLM2 layer 30, random ids (fresh seed 809, prompt 22), position 1
-#            after the token 46189 was 6e-4 to 1.3e-3 from the observation through the cache and batches (ε 1.8e-4,
-#            measured on other prompts: eps.py), 0 through a forward of the prompt's 20 tokens; the prompt failed
-#            after searching the whole vocabulary. NEAR is ε's own headroom over the measured noise (eps.FACTOR).
+NEAR = 50  # a search batch with nothing within ε, the nearest candidate so far within NEAR·ε: that one is recomputed
+#            by a full forward of the prompt's length, as the observation was most likely made (_full_length: once a
+#            search). Numerical noise is not the same at every position: SmolLM2 layer 30, random ids (fresh seed 809,
+#            prompt 22), position 1 after the token 46189 was 6e-4 to 1.3e-3 from the observation through the cache
+#            and batches (ε 1.8e-4, measured on other prompts: eps.py), 0 through a forward of the prompt's 20 tokens;
+#            the prompt failed after searching the whole vocabulary (length_noise.py). NEAR is ε's own headroom over
+#            the measured noise (eps.FACTOR).
 
 
 @dataclass
@@ -396,7 +397,8 @@ class SipIt:
         lookahead = continuation is not None and len(continuation) > 0 and cfg.lookahead_tokens > 0
         n_batches = 0
         drafts, far = self.drafts, {}  # far: candidates the draft put far from the observation {id: its distance}
-        rechecked = False  # whether a near candidate went through a full forward (_full_length) in this search
+        nearest = min(checked.items(), key=lambda item: item[1], default=(None, float("inf")))  # (id, distance)
+        rechecked = False  # whether the nearest went through a full forward (_full_length) in this search
         draft_prefix = []  # the prefix through the draft, made at the search's first drafted batch
         while not run.capped():
             left = limit - len(evaluated) - len(far)
@@ -437,15 +439,15 @@ class SipIt:
             d = rel_distance(h0, run.target[t]).cpu()  # [B]
             evaluated.update(zip(batch.tolist(), d.tolist()))
             passing = (d <= self.eps).nonzero().flatten()
-            if not len(passing) and not rechecked:  # the nearest so far (a wrong guess's too) through a full forward
-                v = min(evaluated, key=evaluated.get)
-                if evaluated[v] <= NEAR * self.eps:
-                    rechecked = True
-                    full, grown = self._full_length(run, prefix, v, continuation)
-                    if full <= self.eps:
-                        evaluated[v] = full
-                        return _Search(grown, [Position(v, full, None, 0, tried=len(evaluated) + len(far),
-                                                        via="full-length", drafted=len(far))], {})
+            if len(d) and float(d.min()) < nearest[1]:
+                nearest = (int(batch[int(d.argmin())]), float(d.min()))
+            if not len(passing) and not rechecked and nearest[1] <= NEAR * self.eps:  # (a wrong guess's too)
+                rechecked, v = True, nearest[0]
+                full, grown = self._full_length(run, prefix, v, continuation)
+                if full <= self.eps:
+                    evaluated[v] = full
+                    return _Search(grown, [Position(v, full, None, 0, tried=len(evaluated) + len(far),
+                                                    via="full-length", drafted=len(far))], {})
             if lookahead:
                 self.carried += 1
                 self.carried_wrong += not bool((passing < carry).any())

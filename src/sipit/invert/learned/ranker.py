@@ -250,10 +250,10 @@ class LinearRanker:
         """The screens of residuals r [n, d] whose normed previous states are n [n, d], one product over the
         vocabulary each: the plain screen and the LM head's logits (in its screen's subspace). -> (the plain screen's
         best [n, guess_top], best first, the plain top-1's LM log-prob [n], the screen_top best by 2 ×
-        log-likelihood + w · log p_LM [n, m]). The head's
-        logits serve both the gate (log p_LM of the plain guesses) and the prior's screen: it reads the whole
-        head where the fit chose it (SmolLM2 layer 30: a rank-128 screen dropped the tokens the LM ranks first,
-        code's most), for about what a prior screen of rank 128 and the gate's cost apart."""
+        log-likelihood + w · log p_LM [n, m]). The head's logits serve both the gate (log p_LM of the plain guesses)
+        and the prior's screen: it reads the whole head where the fit chose it (SmolLM2 layer 30: a rank-128 screen
+        dropped the tokens the LM ranks first, code's most), for about what a prior screen of rank 128 and the gate's
+        cost apart."""
         c = self.cal
         self._count(len(r))
         approx = self._biased_screen([r @ c.p_basis], self.screen_table)  # [n, V]: score ÷ 2g less a constant
@@ -264,7 +264,8 @@ class LinearRanker:
         return plain, logp, best
 
     def prior_screens(self, r: Tensor, n: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """_prior_screens of any number of rows, SCREEN_ROWS at a time. -> (plain [n, guess_top], log p [n], best [n, m])"""
+        """_prior_screens of any number of rows, SCREEN_ROWS at a time.
+        -> (plain [n, guess_top], log p [n], best [n, m])"""
         parts = [self._prior_screens(r[i:i + SCREEN_ROWS], n[i:i + SCREEN_ROWS])
                  for i in range(0, max(len(r), 1), SCREEN_ROWS)]  # (no rows: one empty part)
         return tuple(torch.cat(x) for x in zip(*parts))
@@ -288,10 +289,10 @@ class LinearRanker:
         each is its position's state of its guess in a context one token off, so as a one-anchor re-ranking (the
         anchored residual W ĥ_s − W h_s(g_s) + gain·P_{g_s}) it corrects the context part. Scored exactly, the
         shortlist only: the anchor moves the context, and the truth of a guess it corrects was mostly among them
-        already (SmolLM2 layer 30, fresh seeds 773 / 809: 1,438 of 1,482 and 1,565 of 1,622 revised positions the same
-        top-1 as re-ranking the whole vocabulary, right 1,198 / 1,323 against 1,194 / 1,307: revision_agreement.py),
-        with no product over the vocabulary (those took about 7% of a prompt's time there). The prompts of a lock-step batch settle theirs together (Learned.settle_many).
-        -> ids [k] per revision"""
+        already (SmolLM2 layer 30, fresh seeds 773 / 809: 1,438 of 1,482 and 1,565 of 1,622 revised positions the
+        same top-1 as re-ranking the whole vocabulary, right 1,198 / 1,323 against 1,194 / 1,307:
+        revision_agreement.py), with no product over the vocabulary (those took about 7% of a prompt's time there).
+        The prompts of a lock-step batch settle theirs together (Learned.settle_many). -> ids [k] per revision"""
         c = self.cal
         out: list = [None] * len(items)
         for prior in (False, True):
