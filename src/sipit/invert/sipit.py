@@ -374,7 +374,7 @@ class SipIt:
             run.policy.observe(t + n, guess[n:n + 1], h[0, n:n + 1])
             run.policy.revise(t + n + 1, guess[n + 1:], h[0, n + 1:])  # the rest came after a wrong token
         accepted = [Position(int(v), float(dv), None, 0, tried=1, via="speculation")
-                    for v, dv in zip(guess[:n], d[:n])]
+                    for v, dv in zip(guess[:n].tolist(), d[:n].tolist())]  # (lists: 20 tensor elements took 44 µs)
         return grown(0, n), accepted, float(d[n]) if n < len(d) else float("nan")
 
     def _search(self, run: _Run, prefix, checked: dict[int, float], continuation: Tensor | None) -> _Search:
@@ -461,7 +461,7 @@ class SipIt:
                     dc = rel_distance(h[j, 1:], run.target[t + 1:t + h.shape[1]]).cpu()  # [k - 1]
                     n += int((dc <= self.eps).long().cumprod(0).sum())
                     found += [Position(int(v), float(dv), None, 0, tried=1, via="lookahead")
-                              for v, dv in zip(continuation[:n - 1], dc[:n - 1])]
+                              for v, dv in zip(continuation[:n - 1].tolist(), dc[:n - 1].tolist())]
                     if n - 1 < len(continuation):
                         nxt = {int(continuation[n - 1]): float(dc[n - 1])}
                         run.policy.observe(t + n, continuation[n - 1:n], h[j, n:n + 1])
