@@ -20,7 +20,10 @@ Two things make it fast:
   the rest of the vocabulary: a position is declared failed only after every token was tried
   (or certified impossible by the policy's lower bounds). A deep search's wide batches go through a
   bfloat16 draft of the model first (`draft`), and only the candidates it puts near the observation
-  through the model; the others are verified last, if nothing else matched.
+  through the model; the others are verified last, if nothing else matched. A search whose nearest
+  candidate is within NEAR·ε but not ε recomputes it once by a forward of the prompt's whole length
+  (`_full_length`): numerical noise differs by position, and at a rare one the loop's cached and
+  batched passes are off by more than ε where that forward is not.
 
 After recovery every accepted position gets its certificate (verify.py): the tokens most likely to
 collide — near-duplicate embedding rows, tokens a lower bound cannot exclude — are always
