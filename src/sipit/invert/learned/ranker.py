@@ -270,17 +270,19 @@ class LinearRanker:
                  for i in range(0, max(len(r), 1), SCREEN_ROWS)]  # (no rows: one empty part)
         return tuple(torch.cat(x) for x in zip(*parts))
 
-    def prior_pick(self, best: Tensor, r: Tensor, n: Tensor) -> Tensor:
-        """Top-1 of the candidates best [n, m] by 2 × log-likelihood −‖r − g·P_v‖² + w · log p_LM(v), exactly:
-        residuals r [n, d], normed previous states n [n, d] -> ids [n]"""
-        g, w = self.gain, 2 * self.cal.lm_weight
-        exact = g * self._exact(best, r, g) + w * row_dots(self.unembed, best, n)
+    def pick(self, best: Tensor, r: Tensor, n: Tensor | None = None) -> Tensor:
+        """Top-1 of the candidates best [n, m] by 2 × log-likelihood −‖r − g·P_v‖², + w · log p_LM(v) where the
+        normed previous states n [n, d] are given (the LM prior), exactly: residuals r [n, d] -> ids [n]"""
+        g = self.gain
+        exact = g * self._exact(best, r, g)
+        if n is not None:
+            exact += 2 * self.cal.lm_weight * row_dots(self.unembed, best, n)
         return best.gather(1, exact.argmax(1, keepdim=True))[:, 0]
 
     def screen_prior(self, r: Tensor, n: Tensor) -> Tensor:
         """Top-1 with the LM prior: residuals r [m, d] and the normed previous states n [m, d] -> ids [m];
         screened, then exact for the screen_top best."""
-        return self.prior_pick(self.prior_screens(r, n)[2], r, n)
+        return self.pick(self.prior_screens(r, n)[2], r, n)
 
     def revised(self, items: list[tuple]) -> list[Tensor]:
         """New top-1 guesses for positions t..t+k-1 (t ≥ 1) of many revisions at once, each (target [T, d],
@@ -302,12 +304,9 @@ class LinearRanker:
             sel = [items[i] for i in which]
             r = torch.cat([(target[t:t + len(ids)].float() - states.float()) @ c.white + self.gain * c.P[ids]
                            for target, t, ids, states, _, _ in sel])  # [Σk, d]
-            shortlist = torch.cat([item[5] for item in sel])  # [Σk, m]
-            if prior:
-                n = torch.cat([self.normed(target[t - 1:t + len(ids) - 1]).float() for target, t, ids, *_ in sel])
-                top = self.prior_pick(shortlist, r, n)
-            else:
-                top = shortlist.gather(1, self._exact(shortlist, r, self.gain).argmax(1, keepdim=True))[:, 0]
+            n = (torch.cat([self.normed(target[t - 1:t + len(ids) - 1]).float() for target, t, ids, *_ in sel])
+                 if prior else None)  # [Σk, d]: the prior's normed previous states
+            top = self.pick(torch.cat([item[5] for item in sel]), r, n)  # (the shortlists [Σk, m])
             for i, ids in zip(which, top.split([len(item[2]) for item in sel])):
                 out[i] = ids
         return out
@@ -334,7 +333,7 @@ class LinearRanker:
         rows = torch.tensor(on).repeat_interleave(torch.tensor(sizes))  # [N]
         ids = plain[:, 0].clone()
         if rows.any():
-            ids[rows] = self.prior_pick(best[rows], r[rows], n[rows])
+            ids[rows] = self.pick(best[rows], r[rows], n[rows])
         return [(g, prior, b if prior else p)
                 for g, prior, b, p in zip(ids.split(sizes), on, best.split(sizes), plain.split(sizes))]
 
