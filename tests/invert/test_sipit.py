@@ -16,6 +16,7 @@ from sipit.invert import GradientConfig, InversionError, InvertConfig, SipIt, in
 from sipit.invert.baselines import HardPromptsConfig
 from sipit.invert.config import batch_size_for, pass_tokens_for, speculate_tokens_for
 from sipit.invert.policies import Exhaustive
+from sipit.invert.sipit import NEAR
 from sipit.invert.verify import DuplicateClasses
 from sipit.models import LayerTap, load_model, tiny_model
 
@@ -395,6 +396,37 @@ def test_a_position_only_the_loops_passes_put_off_is_verified_by_a_full_forward(
     else:
         assert p.exact and p.status == "ok" and p.positions[3].via == "full-length"
         assert p.positions[3].distance <= engine.eps and [q.via for q in p.positions].count("full-length") == 1
+
+
+@pytest.mark.parametrize("off", ["table and passes", "observation"])
+def test_a_first_token_its_table_bound_excludes_is_verified_by_a_full_forward(lm, monkeypatch, off):
+    """Position 0's lower bounds come from the calibration's table and exclude tokens before any pass: where the
+    table and the loop's passes put the true first token's state about 10ε from the observation (a bound over ε,
+    within NEAR·ε) and every other token is far, all are excluded and no search batch is left; a full forward of
+    the prompt's length (as the observation was made) still verifies it. An observation that is itself off fails."""
+    ids, states = capture(lm, TEXT[1:], 2, n=8)
+    engine = SipIt(lm, 2, InvertConfig(policy="learned", **FAST))
+    direction = torch.randn(states.shape[-1], generator=torch.Generator().manual_seed(0))
+    size = engine.policy.ranker.table_err + 10 * engine.eps  # the table's storage slack, then 10ε
+    shift = lambda h: h + size * h.norm() * direction / direction.norm()  # noqa: E731
+    states = states.clone()
+    states[0, 0] = shift(states[0, 0])  # the observation against the table and every pass
+    if off == "table and passes":
+        prefill = engine.tap.prefill
+
+        def as_observed(ids, return_states=False):  # a full forward of the prompt's length: the observation's shape
+            out = prefill(ids, return_states=return_states)
+            if return_states:
+                out[1][0] = shift(out[1][0])
+            return out
+        monkeypatch.setattr(engine.tap, "prefill", as_observed)
+    bounds = engine.policy.ranker.position0(states[0, :1].float())[2][0]
+    assert (bounds > engine.eps).all() and bounds[ids[0, 0]] <= NEAR * engine.eps
+    p = engine.invert_prompt(states[0], ids[0].tolist())
+    if off == "observation":
+        assert p.status == "failed" and "at position 0" in p.message and p.ids == []
+    else:
+        assert p.exact and p.status == "ok" and p.positions[0].via == "full-length"
 
 
 def test_wrong_model_fails():

@@ -403,6 +403,17 @@ class SipIt:
         nearest = min(checked.items(), key=lambda item: item[1], default=(None, float("inf")))  # (id, distance)
         rechecked = False  # whether the nearest went through a full forward (_full_length) in this search
         draft_prefix = []  # the prefix through the draft, made at the search's first drafted batch
+
+        def recheck() -> _Search | None:
+            """The nearest candidate so far through a full forward (_full_length), once a search: found, or None."""
+            nonlocal rechecked
+            rechecked, v = True, nearest[0]
+            full, grown = self._full_length(run, prefix, v, continuation)
+            if full > self.eps:
+                return None
+            evaluated[v] = full
+            return _Search(grown, [Position(v, full, None, 0, tried=len(evaluated) + len(far), via="full-length",
+                                            drafted=len(far))], {})
         while not run.capped():
             left = limit - len(evaluated) - len(far)
             if left <= 0:
@@ -445,12 +456,8 @@ class SipIt:
             if len(d) and float(d.min()) < nearest[1]:
                 nearest = (int(batch[int(d.argmin())]), float(d.min()))
             if not len(passing) and not rechecked and nearest[1] <= NEAR * self.eps:  # (a wrong guess's too)
-                rechecked, v = True, nearest[0]
-                full, grown = self._full_length(run, prefix, v, continuation)
-                if full <= self.eps:
-                    evaluated[v] = full
-                    return _Search(grown, [Position(v, full, None, 0, tried=len(evaluated) + len(far),
-                                                    via="full-length", drafted=len(far))], {})
+                if (hit := recheck()) is not None:
+                    return hit
             if lookahead:
                 self.carried += 1
                 self.carried_wrong += not bool((passing < carry).any())
@@ -471,6 +478,10 @@ class SipIt:
                         run.policy.revise(t + n + 1, continuation[n:], h[j, n + 1:])
                 return _Search(grown(j, n), found, nxt)
             lookahead = False
+        # nothing within ε and no batch was checked after: every token excluded by its lower bound without a pass
+        # (position 0: a first token whose table distance noise put over ε, guessed and so nearest, the rest far)
+        if not rechecked and nearest[1] <= NEAR * self.eps and not run.capped() and (hit := recheck()) is not None:
+            return hit
         best = min(evaluated.values(), default=float("inf"))
         if bounds is not None:  # certified lower bounds of the tokens never evaluated
             best = min(best, float(bounds.min()))
