@@ -11,6 +11,7 @@ from sipit.invert.learned import (Calibration, LearnedConfig, cache_path, calibr
 from sipit.invert.learned.config import calibration_config
 from sipit.invert.learned import cache as cache_module
 from sipit.invert.learned.cache import lens_fitted
+from sipit.invert.learned.ranker import LinearRanker, position0_scores
 from sipit.models import LayerTap, load_model
 
 from .conftest import FAST, SAMPLED
@@ -142,23 +143,59 @@ def test_fast_calibration_round_trip(tmp_path):
         Calibration.load(path)
 
 
+def loaded_without(cal: Calibration, name: str, tmp_path, lm) -> Calibration:
+    """cal saved as a file of before `name` was stored, and loaded again."""
+    from safetensors.torch import load_file, save_file
+
+    path = cal.save(tmp_path / "c.safetensors")
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    tensors = load_file(str(path))
+    del tensors[name]
+    save_file(tensors, str(path), metadata=meta)
+    return Calibration.load(path, embedding=lm.embedding_rows())
+
+
+def test_fast_position0_is_screened_in_its_subspace(tmp_path):
+    """A fast calibration keeps a principal subspace of position 0's predictions where its guesses agree with full
+    scoring on the fit's rows: position 0 then reads [V, k0] instead of the embedding rows, guesses as full scoring
+    does on other states too, and orders the screen's best first by their exact scores; a file saved before it (no
+    p0_basis) loads and scores through the whole embedding, alike."""
+
+    lm = load_model("tiny-llama")
+    tap = LayerTap(lm, 2)
+    cal = calibrate(tap, SAMPLED)
+    assert cal.p0_basis is not None and cal.p0_basis.shape[1] < cal.A0.shape[1]
+    E = lm.embedding_rows().float()
+    ids = torch.randint(0, lm.vocab_size, (64, 6), generator=torch.Generator().manual_seed(1))
+    r0 = tap.states(ids)[:, 0].float() @ cal.white0 - cal.c0w  # [64, d]
+    m = 8
+    guess, key = position0_scores(r0, cal, E, m)
+    dense = dataclasses.replace(cal, p0_basis=None)
+    full_guess, full_key = position0_scores(r0, dense, E, m)
+    assert float((guess == full_guess).float().mean()) >= 0.95 and (guess == ids[:, 0]).float().mean() > 0.5
+    first = key.argsort(1)[:, :m]  # the screen's m best, first
+    assert torch.equal(first[:, 0], guess)
+    exact = -full_key.gather(1, first)  # their full scores: best first
+    assert (exact[:, :-1] >= exact[:, 1:] - 1e-4).all()
+    ranker = LinearRanker(cal, tap)  # a search at position 0 takes the full scores' order
+    states = tap.states(ids[:2])[:, 0]
+    for i in range(2):
+        assert torch.equal(ranker.position0_order(states[i], key[i]), full_key[i].argsort())
+    back = loaded_without(cal, "p0_basis", tmp_path, lm)
+    assert back.p0_basis is None and back.p0_proj is None
+    assert torch.equal(position0_scores(r0, back, E, m)[0], full_guess)
+
+
 def test_fast_calibration_without_position0_norms_loads(tmp_path):
     """A fast file saved before p0_sq was stored loads with the norms made from A0 and mx0, the ones stored now;
     position 0's dots from the embedding rows are those of the [V, d] predictions never made."""
-    from safetensors.torch import load_file, save_file
-
     from sipit.invert.learned.cache import predictions
     from sipit.invert.learned.ranker import position0_dots
 
     lm = load_model("tiny-llama")
     cal = calibrate(LayerTap(lm, 1), SAMPLED)
-    path = cal.save(tmp_path / "c.safetensors")
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata()
-    tensors = load_file(str(path))
-    del tensors["p0_sq"]
-    save_file(tensors, str(path), metadata=meta)
-    back = Calibration.load(path, embedding=lm.embedding_rows())
+    back = loaded_without(cal, "p0_sq", tmp_path, lm)
     assert torch.allclose(back.p0_sq, cal.p0_sq, rtol=1e-6)
     E = lm.embedding_rows().float()
     p0 = predictions(E, cal.mx0, cal.A0)[0]  # [V, d]

@@ -39,6 +39,8 @@ class Calibration:
     fitted on a sample of tokens, r_0 = ĥ_0 W0 − c0w and score(v) = 2 r_0·p0_v − gain0 ‖p0_v‖² with
     p0_v = (e_v − mx0) A0 for the embedding rows e_v (position0_dots: p0 [V, d] is never made):
         A0 [e, d], mx0 [≥ e], p0_sq [V] = ‖p0_v‖², white0 [d, d] = W0, c0w [d], gain0
+        p0_basis [d, k0] or None, p0_proj [V, k0], p0_proj_sq [V]   p0 in its principal subspace, the screen
+                                        position0_scores reads instead of E [V, e] (None: E read whole)
     Positions t ≥ 1, the forward model h_t ≈ A e_v + B ĥ_{t−1} + c whitened by W = Σ^{-1/2} of its
     residuals: the context residual r_t = ĥ_t W − ĥ_{t−1} Bw − cw, and score(v) = 2 r_t·P_v − gain ‖P_v‖²:
         P [V, d] = W A e_v, P_sq [V], white [d, d] = W, Bw [d, d], cw [d], gain
@@ -85,6 +87,9 @@ class Calibration:
     mx: Tensor | None = None
     A0: Tensor | None = None
     mx0: Tensor | None = None
+    p0_basis: Tensor | None = None
+    p0_proj: Tensor | None = None
+    p0_proj_sq: Tensor | None = None
 
     @property
     def has_prior(self) -> bool:
@@ -137,10 +142,12 @@ class Calibration:
                 if cal.p0_sq is None:  # saved before p0_sq was stored (a fast file's only change since: not a VERSION)
                     cal.p0_sq = predictions(E, cal.mx0, cal.A0)[1]
                 cal.p_proj = cal.P @ cal.p_basis
+                if cal.p0_basis is not None:  # (files saved before it have none: position 0 reads E whole)
+                    cal.p0_proj, cal.p0_proj_sq = predictions(E, cal.mx0, cal.A0 @ cal.p0_basis)
         return cal
 
 
-MADE_ON_LOAD = ("P", "P_sq", "p_proj")  # a fast calibration's [V, ·] tensors, made from A and mx
+MADE_ON_LOAD = ("P", "P_sq", "p_proj", "p0_proj", "p0_proj_sq")  # a fast calibration's [V, ·] tensors, made from E
 
 
 def token_rows(E: Tensor, table: Tensor | None, v: Tensor) -> Tensor:

@@ -104,7 +104,7 @@ class Learned(Policy):
 
     def candidates(self, t, prefix):
         if t == 0:  # table distances (exact for the screened few, lower bounds for the rest) or scores
-            yield from self.d0.argsort().split(self.config.batch_size)
+            yield from self.ranker.position0_order(self.target[0], self.d0).split(self.config.batch_size)
         else:  # (the loop skips ids already tried)
             cfg = self.config
             sizes = [min(cfg.batch_size, cfg.first_batch * 4 ** k) for k in range(8)]
