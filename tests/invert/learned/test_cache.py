@@ -159,8 +159,9 @@ def loaded_without(cal: Calibration, name: str, tmp_path, lm) -> Calibration:
 def test_fast_position0_is_screened_in_its_subspace(tmp_path):
     """A fast calibration keeps a principal subspace of position 0's predictions where its guesses agree with full
     scoring on the fit's rows: position 0 then reads [V, k0] instead of the embedding rows, guesses as full scoring
-    does on other states too, and orders the screen's best first by their exact scores; a file saved before it (no
-    p0_basis) loads and scores through the whole embedding, alike."""
+    does on other states too, and orders the screen's best first by their exact scores; a search there takes the full
+    scores' order after the tokenizer's special tokens; a file saved before it (no p0_basis) loads and scores through
+    the whole embedding, alike."""
 
     lm = load_model("tiny-llama")
     tap = LayerTap(lm, 2)
@@ -182,6 +183,9 @@ def test_fast_position0_is_screened_in_its_subspace(tmp_path):
     states = tap.states(ids[:2])[:, 0]
     for i in range(2):
         assert torch.equal(ranker.position0_order(states[i], key[i]), full_key[i].argsort())
+    ranker.special_ids = torch.tensor([5, 7])  # ... after the tokenizer's special tokens (<bos>, ...), whatever their scores
+    order, full = ranker.position0_order(states[0], key[0]), full_key[0].argsort()
+    assert order[:2].tolist() == [5, 7] and torch.equal(order[2:], full[(full != 5) & (full != 7)])
     back = loaded_without(cal, "p0_basis", tmp_path, lm)
     assert back.p0_basis is None and back.p0_proj is None
     assert torch.equal(position0_scores(r0, back, E, m)[0], full_guess)

@@ -191,14 +191,27 @@ class LinearRanker:
         return top.gather(1, exact.argmin(1, keepdim=True))[:, 0], rel, bounds
 
     def position0_order(self, y: Tensor, key: Tensor) -> Tensor:
-        """The order of a search at position 0 (y [d]: the observed state, key [V]: position0's): that key, or where
-        a fast calibration's screen valued all but its best in its subspace only, every token's full score, read
-        when a search needs it (SmolLM2, fast, fresh seed 859: a missed first token ranked 123rd by the screen's
-        order at layer 15, 2nd by the full scores). Ids [V], best first."""
+        """The order of a search at position 0 (y [d]: the observed state, key [V]: position0's). With a table, that
+        key. In a fast calibration every token's full score (where its screen valued all but its best in its
+        subspace only: read when a search needs it; SmolLM2, fresh seed 859: a missed first token ranked 123rd by
+        the screen's order at layer 15, 2nd by the full scores), after the tokenizer's special tokens: a linear
+        model of the embedding rows does not predict the state a model gives the token it starts sequences with
+        (Gemma-3-270M layer 9: <bos>, which tokenizers put first by default, ranked 94,720th; the search took
+        90–119 s). Ids [V], best first."""
         c = self.cal
-        if c.table is None and c.p0_basis is not None:
+        if c.table is not None:
+            return key.argsort()
+        if c.p0_basis is not None:
             key = position0_full(y[None].float() @ c.white0 - c.c0w, c, self.E)[0].neg_()
-        return key.argsort()
+        order = key.argsort()
+        special = self.special_ids.to(order.device)
+        return torch.cat([special, order[~torch.isin(order, special)]]) if len(special) else order
+
+    @cached_property
+    def special_ids(self) -> Tensor:
+        """The tokenizer's special token ids (<bos>, <eos>, padding, …) in the vocabulary; none without one. [n]"""
+        ids = getattr(self.lm.tokenizer, "all_special_ids", None) or []
+        return torch.tensor(sorted({i for i in ids if 0 <= i < self.cal.P.shape[0]}), dtype=torch.long)
 
     def context_residuals(self, *targets: Tensor) -> Tensor:
         """Whitened observations minus the predicted context part, positions 1..T_i-1 of each target
