@@ -230,9 +230,11 @@ def _table_subspace(table: Tensor, k: int) -> dict:
 def _position0_screen(p0: dict, E: Tensor, H0: Tensor, cfg: LearnedConfig) -> dict:
     """Fast mode: the principal subspace of the position-0 predictions p0_v = (e_v − mx0) A0 in which position 0 is
     screened (position0_scores), of the smallest rank of cfg.screen_rank, twice that, ... whose guesses agree with
-    full scoring on ≥ cfg.screen_agree of the fresh position-0 states H0 [n, d]; none (E read whole) where no rank
-    below d does (Gemma-3-270M, 1,024 random first tokens, rank 32: the exact guess among the screen's 64 best for
-    all at layer 1, 97% at 9, 75% at 18). p0: position0_models' fields with p0_sq and gain0.
+    full scoring on ≥ cfg.screen_agree of the fresh position-0 states H0 [n, d]; none (E read whole) where no rank up
+    to d/2 does: a screen that reads more saves little beside its exact step (Gemma-3-270M, 1,024 random first
+    tokens, rank 32: the exact guess among the screen's 64 best for all at layer 1, 97% at 9, 75% at 18; the fit
+    kept 32 / 256 / 512 of 640, and 512 at layer 18 was no faster: position0_screen_ab.txt).
+    p0: position0_models' fields with p0_sq and gain0.
     -> {p0_basis [d, k0], p0_proj [V, k0], p0_proj_sq [V]} or {}"""
     F, d = p0["A0"].shape
     mx0 = p0["mx0"][:F].float()
@@ -245,7 +247,7 @@ def _position0_screen(p0: dict, E: Tensor, H0: Tensor, cfg: LearnedConfig) -> di
     r0 = H0.float() @ p0["white0"] - p0["c0w"]
     full = position0_scores(r0, SimpleNamespace(**p0, p0_basis=None), E, cfg.screen_top)[0]
     rank = min(cfg.screen_rank, d)
-    while rank < d:
+    while rank <= d // 2:
         U = basis[:, :rank].contiguous()
         proj, proj_sq = predictions(E, p0["mx0"], p0["A0"] @ U)  # (as Calibration.load makes them)
         screen = dict(p0_basis=U, p0_proj=proj, p0_proj_sq=proj_sq)
