@@ -405,8 +405,11 @@ class SipIt:
         draft_prefix = []  # the prefix through the draft, made at the search's first drafted batch
 
         def recheck() -> _Search | None:
-            """The nearest candidate so far through a full forward (_full_length), once a search: found, or None."""
+            """Where nothing passed: the nearest candidate so far, if within NEAR·ε, through a full forward
+            (_full_length), once a search. -> found, or None."""
             nonlocal rechecked
+            if rechecked or nearest[1] > NEAR * self.eps:
+                return None
             rechecked, v = True, nearest[0]
             full, grown = self._full_length(run, prefix, v, continuation)
             if full > self.eps:
@@ -455,9 +458,8 @@ class SipIt:
             passing = (d <= self.eps).nonzero().flatten()
             if len(d) and float(d.min()) < nearest[1]:
                 nearest = (int(batch[int(d.argmin())]), float(d.min()))
-            if not len(passing) and not rechecked and nearest[1] <= NEAR * self.eps:  # (a wrong guess's too)
-                if (hit := recheck()) is not None:
-                    return hit
+            if not len(passing) and (hit := recheck()) is not None:  # (the nearest may be a wrong guess's)
+                return hit
             if lookahead:
                 self.carried += 1
                 self.carried_wrong += not bool((passing < carry).any())
@@ -480,7 +482,7 @@ class SipIt:
             lookahead = False
         # nothing within ε and no batch was checked after: every token excluded by its lower bound without a pass
         # (position 0: a first token whose table distance noise put over ε, guessed and so nearest, the rest far)
-        if not rechecked and nearest[1] <= NEAR * self.eps and not run.capped() and (hit := recheck()) is not None:
+        if not run.capped() and (hit := recheck()) is not None:
             return hit
         best = min(evaluated.values(), default=float("inf"))
         if bounds is not None:  # certified lower bounds of the tokens never evaluated
