@@ -185,6 +185,12 @@ class LM:
             return "[" + ", ".join(f"id {int(i)}" for i in ids) + "] (no tokenizer: ids only)"
         return self.tokenizer.decode(list(ids))
 
+    def special_ids(self) -> Tensor:
+        """The tokenizer's special token ids (<bos>, <eos>, padding, …) within the model's vocabulary (a tokenizer
+        may list added ids past its rows); none without a tokenizer. [n] on the CPU, ascending"""
+        ids = getattr(self.tokenizer, "all_special_ids", None) or []
+        return torch.tensor(sorted({i for i in ids if 0 <= i < self.vocab_size}), dtype=torch.long)
+
     @cached_property
     def tokenizer_fingerprint(self) -> str:
         if self.tokenizer is None:

@@ -118,8 +118,7 @@ def model_samples(lm, rows: int, seq_len: int, seed: int = 0, batch: int = 256) 
     did not help (docs/results/invert/model_samples.py and README.md)."""
     from tqdm import tqdm
 
-    special = torch.tensor(sorted({i for i in lm.tokenizer.all_special_ids if i < lm.vocab_size}), dtype=torch.long,
-                           device=lm.device)  # (a tokenizer may list added ids past the model's rows)
+    special = lm.special_ids().to(lm.device)
     g = torch.Generator().manual_seed(seed)
     out = []
     for b in range(0, rows, batch):

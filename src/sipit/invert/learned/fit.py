@@ -142,12 +142,17 @@ def _principal_basis(rows: Tensor, k: int, center: Tensor | None = None) -> Tens
     """Top-k right singular vectors of rows [V, d] (optionally centred), float64. [d, k]
     (float32 products suffice: eigh returns an orthonormal basis whatever the rounding, and only
     orthonormality makes projected distances certified lower bounds.)"""
+    return torch.linalg.eigh(_gram(rows, center))[1][:, -k:].flip(1)
+
+
+def _gram(rows: Tensor, center: Tensor | None = None) -> Tensor:
+    """xᵀx of rows [V, d] (optionally centred), float64, a block at a time. [d, d]"""
     d = rows.shape[1]
     G = torch.zeros(d, d, dtype=torch.float64, device=rows.device)
     for chunk in rows.split(16384):
         x = chunk.float() - (center.float() if center is not None else 0)
         G += (x.T @ x).double()
-    return torch.linalg.eigh(G)[1][:, -k:].flip(1)
+    return G
 
 
 @torch.no_grad()
@@ -231,19 +236,13 @@ def _position0_screen(p0: dict, E: Tensor, H0: Tensor, cfg: LearnedConfig) -> di
     """Fast mode: the principal subspace of the position-0 predictions p0_v = (e_v − mx0) A0 in which position 0 is
     screened (position0_scores), of the smallest rank of cfg.screen_rank, twice that, ... whose guesses agree with
     full scoring on ≥ cfg.screen_agree of the fresh position-0 states H0 [n, d]; none (E read whole) where no rank up
-    to d/2 does: a screen that reads more saves little beside its exact step (Gemma-3-270M, 1,024 random first
-    tokens, rank 32: the exact guess among the screen's 64 best for all at layer 1, 97% at 9, 75% at 18; the fit
-    kept 32 / 256 / 512 of 640, and 512 at layer 18 was no faster: position0_screen_ab.txt).
+    to d/2 does: a screen that reads more saves little beside its exact step (Gemma-3-270M: the fit kept 32 / 256 /
+    512 of 640 at layers 1 / 9 / 18, and 512 was no faster than the whole read: position0_screen_ab.txt).
     p0: position0_models' fields with p0_sq and gain0.
     -> {p0_basis [d, k0], p0_proj [V, k0], p0_proj_sq [V]} or {}"""
     F, d = p0["A0"].shape
-    mx0 = p0["mx0"][:F].float()
-    gram = torch.zeros(F, F, dtype=torch.float64, device=E.device)  # of the centred embedding rows: no [V, d] made
-    for rows in E.split(16384):
-        x = rows.float() - mx0
-        gram += (x.T @ x).double()
-    A0 = p0["A0"].double()
-    basis = torch.linalg.eigh(A0.T @ gram @ A0)[1].flip(1).float()  # [d, d]: p0's directions, by decreasing variance
+    A0 = p0["A0"].double()  # p0's Gram from the centred embedding rows': no [V, d] made
+    basis = torch.linalg.eigh(A0.T @ _gram(E, p0["mx0"][:F]) @ A0)[1].flip(1).float()  # [d, d]: by decreasing variance
     r0 = H0.float() @ p0["white0"] - p0["c0w"]
     full = position0_scores(r0, SimpleNamespace(**p0, p0_basis=None), E, cfg.screen_top)[0]
     rank = min(cfg.screen_rank, d)
