@@ -118,6 +118,18 @@ def alternate(layer: int, seed: int, length: int, settings: dict, per_source: in
               f"{statistics.mean(in_passes[name]):.3f} s in passes", flush=True)
 
 
+def calibration_field(name: str, on: bool, kept: dict, describe=lambda cal: ""):
+    """A setting for `alternate`: the engine's Calibration.<name> as fitted (on) or None (off), the fitted value
+    kept in `kept` (shared by the two settings of a field) the first time, when describe(cal) is printed."""
+    def apply(engine):
+        cal = engine.policy.ranker.cal
+        if name not in kept:
+            kept[name] = getattr(cal, name)
+            print(describe(cal), flush=True)
+        setattr(cal, name, kept[name] if on else None)
+    return apply
+
+
 def module_before(commit: str, name: str):
     """sipit/invert/learned/<name>.py as it was at an earlier commit, as a module (an earlier ranker or calibration
     beside the current ones, in one process)."""

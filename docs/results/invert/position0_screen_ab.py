@@ -8,20 +8,10 @@ import sys
 
 import common
 
-kept = {}
-
-
-def setting(screened: bool):
-    def apply(engine):
-        cal = engine.policy.ranker.cal
-        if not kept:
-            kept["basis"] = cal.p0_basis
-            print(f"layer {sys.argv[1]}: position-0 screen of rank "
-                  f"{None if cal.p0_basis is None else cal.p0_basis.shape[1]} of {cal.white0.shape[0]}", flush=True)
-        cal.p0_basis = kept["basis"] if screened else None
-    return apply
-
-
 layer, seed, per_source, repeats, B = (int(x) for x in sys.argv[1:6])
-common.alternate(layer, seed, 20, {"embedding read whole": setting(False), "screened": setting(True)},
+kept = {}
+rank = lambda cal: (f"layer {layer}: position-0 screen of rank {None if cal.p0_basis is None else cal.p0_basis.shape[1]}"
+                    f" of {cal.white0.shape[0]}")
+common.alternate(layer, seed, 20, {"embedding read whole": common.calibration_field("p0_basis", False, kept, rank),
+                                   "screened": common.calibration_field("p0_basis", True, kept, rank)},
                  per_source, repeats, B)

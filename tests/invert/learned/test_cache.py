@@ -106,7 +106,7 @@ def test_default_key_unchanged_and_fast_mode_keyed_apart():
     lm = load_model("tiny-gpt2")
     assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-2134c8871d2f")
     fast = calibration_config("fast")
-    assert fast.table_tokens == 4096 and fast.calibration_tokens == 16384
+    assert fast.table_tokens == 4096 and fast.calibration_tokens == 16384 and "'first_tokens': 1024" in fast.fit_key()
     assert cache_path(LayerTap(lm, 2), fast) != cache_path(LayerTap(lm, 2), LearnedConfig())
     assert cache_path(LayerTap(lm, 2), SAMPLED) != cache_path(LayerTap(lm, 2), FAST)
     assert learned_config(InvertConfig(learned=fast)) is fast
@@ -189,6 +189,38 @@ def test_fast_position0_is_screened_in_its_subspace(tmp_path):
     back = loaded_without(cal, "p0_basis", tmp_path, lm)
     assert back.p0_basis is None and back.p0_proj is None
     assert torch.equal(position0_scores(r0, back, E, m)[0], full_guess)
+
+
+def test_fast_calibration_keeps_the_frequent_first_tokens_exact_states():
+    """A fast calibration keeps the exact position-0 states of the calibration text's most frequent tokens and the
+    special ones, from the model itself even where the fit ran a low-precision copy, each with half the distance to
+    its nearest other: an observation within that radius of a kept state guesses its token, before the linear model
+    (planted: the kept state of one token relabelled as another is guessed as the other); one outside every radius,
+    or a calibration without them (a file of before), gets the linear model's guess."""
+    from sipit.invert.learned.data import calibration_ids
+    from sipit.invert.learned.fit import first_tokens
+
+    lm = load_model("tiny-llama")
+    tap = LayerTap(lm, 2)
+    cal = calibrate(tap, SAMPLED)
+    ids = calibration_ids(lm, SAMPLED.calibration_tokens, SAMPLED.seq_len, SAMPLED.random_fraction)
+    assert torch.equal(cal.first_ids, first_tokens(lm, ids, SAMPLED.first_tokens))
+    exact = tap.states(cal.first_ids[:, None])[:, 0].float()  # the model's own, one token alone
+    assert torch.allclose(cal.first_rows, exact, rtol=0, atol=1e-5 * float(exact.abs().max()))
+    D = torch.cdist(exact.double(), exact.double()).fill_diagonal_(float("inf"))
+    assert torch.allclose(cal.first_radius.double(), D.min(1).values / 2, rtol=1e-4)
+    ranker = LinearRanker(cal, tap)
+    linear = LinearRanker(dataclasses.replace(cal, first_ids=None), tap)
+    a = 0
+    b = 1 + int(linear.position0(exact[:1])[0][0] == cal.first_ids[1])  # a token the linear model does not guess there
+    planted = dataclasses.replace(cal, first_ids=cal.first_ids.clone())
+    planted.first_ids[a] = cal.first_ids[b]
+    guess, key, _ = LinearRanker(planted, tap).position0(exact[a:a + 1])
+    assert guess[0] == cal.first_ids[b] and key[0].argmin() == cal.first_ids[b]
+    assert torch.equal(ranker.position0(exact)[0], cal.first_ids)  # every kept state guesses its own token
+    direction = torch.randn(exact.shape[1], generator=torch.Generator().manual_seed(0))
+    away = exact[a] + 3 * cal.first_radius[a] * direction / direction.norm()
+    assert torch.equal(ranker.position0(away[None])[0], linear.position0(away[None])[0])
 
 
 def test_fast_calibration_without_position0_norms_loads(tmp_path):

@@ -181,7 +181,8 @@ def test_passes_count_the_model_weights_taken_only_where_the_pass_runs_them(lm, 
 
 def test_fast_mode_observes_only_the_sampled_tokens_at_position_0(lm):
     """A fast calibration never computes the table: of the position-0-only rows observed (ids [B, 1]),
-    there are exactly table_tokens, and what it stores is a model of every token, not a table."""
+    there are exactly table_tokens and the first tokens it keeps, and what it stores is a model of every token,
+    not a table."""
     tap = LayerTap(lm, 2)
     first_only = []
 
@@ -190,8 +191,9 @@ def test_fast_mode_observes_only_the_sampled_tokens_at_position_0(lm):
             first_only.append(len(ids))
         return [tap.states(ids)]
 
-    cal = next(fit_calibrations([tap], observe, SAMPLED))
-    assert sum(first_only) == SAMPLED.table_tokens < lm.vocab_size
+    cal = next(fit_calibrations([tap], observe, replace(SAMPLED, first_tokens=16)))
+    assert 16 <= len(cal.first_ids) < 32
+    assert sum(first_only) == SAMPLED.table_tokens + len(cal.first_ids) < lm.vocab_size
     assert cal.table is None and cal.t_proj is None and cal.gain0 in SAMPLED.gains
     assert cal.p0_sq.shape == (lm.vocab_size,) and cal.P.shape == (lm.vocab_size, lm.d_model)
     assert cal.key != calibrate(tap, FAST).key

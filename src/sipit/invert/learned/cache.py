@@ -41,6 +41,9 @@ class Calibration:
         A0 [e, d], mx0 [≥ e], p0_sq [V] = ‖p0_v‖², white0 [d, d] = W0, c0w [d], gain0
         p0_basis [d, k0] or None, p0_proj [V, k0], p0_proj_sq [V]   p0 in its principal subspace, the screen
                                         position0_scores reads instead of E [V, e] (None: E read whole)
+        first_ids [n], first_rows [n, d] float32, first_radius [n] or None: the exact position-0 states of the
+                                        calibration text's most frequent tokens and the special ones, each with half
+                                        the distance to its nearest other (an observation that close is its token)
     Positions t ≥ 1, the forward model h_t ≈ A e_v + B ĥ_{t−1} + c whitened by W = Σ^{-1/2} of its
     residuals: the context residual r_t = ĥ_t W − ĥ_{t−1} Bw − cw, and score(v) = 2 r_t·P_v − gain ‖P_v‖²:
         P [V, d] = W A e_v, P_sq [V], white [d, d] = W, Bw [d, d], cw [d], gain
@@ -90,6 +93,9 @@ class Calibration:
     p0_basis: Tensor | None = None
     p0_proj: Tensor | None = None
     p0_proj_sq: Tensor | None = None
+    first_ids: Tensor | None = None
+    first_rows: Tensor | None = None
+    first_radius: Tensor | None = None
 
     @property
     def has_prior(self) -> bool:

@@ -16,6 +16,10 @@ class LearnedConfig:
     #                                  (SmolLM2, 256 rows of 64 on 2 cores: 38 s), so fast mode has none
     table_tokens: int | None = None  # position-0 states of a seeded sample of this many tokens and a linear
     #                                  model of the rest (fast mode, fit.py); None or ≥ V: every token's (the table)
+    first_tokens: int = 1024  # fast mode: the exact position-0 states of this many of the calibration text's most
+    #                           frequent tokens (and the tokenizer's special tokens) are kept: the linear model misses
+    #                           the first tokens text starts with most (newlines, punctuation), whose states it does
+    #                           not predict (Gemma-3-270M layer 9: a newline ranked 170,877th; first_token_fast.py)
     low_precision_states: bool = False  # without a table (fast mode), fit on states from a copy of the model in the
     #                                     screening dtype (bfloat16 where native: a 2x faster forward on this project's
     #                                     CPU); the ranker only orders candidates, every token is verified in the model's
@@ -74,10 +78,11 @@ class LearnedConfig:
 
     def fit_key(self) -> str:
         """The settings a calibration depends on (part of its cache key). table_tokens=None,
-        low_precision_states=False and sampled_fraction=0 are left out, so such calibrations keep the keys they were
-        cached under before those settings existed."""
+        low_precision_states=False, sampled_fraction=0 and first_tokens with a table (full mode: unused) are left out,
+        so such calibrations keep the keys they were cached under before those settings existed."""
         return repr({k: v for k, v in asdict(self).items()
                      if k != "max_anchors" and not (k == "table_tokens" and v is None)
+                     and not (k == "first_tokens" and self.table_tokens is None)
                      and not (k in ("low_precision_states", "sampled_fraction") and not v)})
 
 

@@ -21,7 +21,8 @@ Fast calibration (LearnedConfig.table_tokens set, `--calibration fast`): the tab
 through ℓ blocks (half of SmolLM2's calibration at ℓ = 30; over an hour for a 1.5B model with
 V = 151,936 on 2 cores), so only a seeded sample of table_tokens tokens goes through at position 0,
 and a whitened ridge model h_0 ≈ A0 e_v + c0 fitted on them ranks position 0 like every other
-position. It gives up the table feature (t ≥ 1 fits [e_v, ĥ_{t−1}] only: a weaker ranker at deep
+position; the exact position-0 states of the calibration text's most frequent tokens are kept beside it (the
+tokens text starts with most, newlines and punctuation, are those it predicts worst: first_token_rows). It gives up the table feature (t ≥ 1 fits [e_v, ĥ_{t−1}] only: a weaker ranker at deep
 layers) and the certified lower bounds at position 0 (position 0 is certified only by evaluating
 candidates); it keeps exactness: the loop verifies every accepted token whatever the ranker says.
 """
@@ -159,6 +160,31 @@ def _gram(rows: Tensor, center: Tensor | None = None) -> Tensor:
 def table_sample(V: int, n: int, seed: int = 3) -> Tensor:
     """Fast mode: the seeded uniform sample of token ids whose position-0 states are computed. [n]"""
     return torch.randperm(V, generator=torch.Generator().manual_seed(seed))[:n].sort().values
+
+
+def first_tokens(lm, ids: Tensor, k: int) -> Tensor:
+    """Fast mode: the tokens whose exact position-0 states the calibration keeps: the k most frequent of the calibration
+    rows ids [N, S] and the tokenizer's special tokens. [n] ascending, on the CPU"""
+    counts = torch.bincount(ids.flatten().cpu(), minlength=lm.vocab_size)
+    top = counts.topk(min(k, int((counts > 0).sum()))).indices
+    return torch.unique(torch.cat([top, lm.special_ids()]))
+
+
+@torch.no_grad()
+def first_token_rows(observe: Observe, first: Tensor, device, batch: int = 256) -> list[dict[str, Tensor]]:
+    """Fast mode, per target: the position-0 states of the ids first [n] (observe: the model in its own precision,
+    not a lower-precision copy: SmolLM2 layer 15's closest two of 1,024 frequent tokens are 1.6e-3 apart, relative,
+    where a bfloat16 copy's states are off by 4.5e-3, median) and each one's radius, half the distance to its
+    nearest other: an observation within it of a state is nearer that state than any other kept one.
+    -> [{first_ids [n], first_rows [n, d] float32, first_radius [n]}]"""
+    states = [torch.cat(rows) for rows in zip(*(observe(v[:, None].to(device)) for v in first.split(batch)))]
+    out = []
+    for rows in states:
+        rows = rows[:, 0].float()
+        D = torch.cdist(rows.double(), rows.double()).fill_diagonal_(float("inf"))  # float64: states with massive
+        out.append(dict(first_ids=first.to(device), first_rows=rows,  # activations differ in few digits
+                        first_radius=(D.min(1).values / 2).float()))
+    return out
 
 
 def _whitening(resid: Tensor) -> Tensor:
@@ -385,10 +411,11 @@ def observes_plain_states(tap) -> bool:
 
 @torch.no_grad()  # (around each step of the generator)
 def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig,
-                     observe_to_last: Observe | None = None) -> Iterator[Calibration]:
+                     observe_to_last: Observe | None = None, observe_exact: Observe | None = None) -> Iterator[Calibration]:
     """Calibrations of several taps of one LM whose states `observe` returns together (one pass), yielded one
     at a time in taps' order; observe_to_last: the same and then the last layer's states, for the lens
-    (cache.lens_fitted). The pass holds only each tap's moments (and, in full mode, its table); a tap's
+    (cache.lens_fitted); observe_exact: the same by the model itself where `observe` runs a lower-precision copy
+    (fast mode's kept first-token states: first_token_rows). The pass holds only each tap's moments (and, in full mode, its table); a tap's
     [V, d] predictions are made after it, tap by tap, so a caller that saves and drops each calibration holds
     one (Qwen2.5-1.5B, V = 151,936: 1.8 GB of predictions per layer in fast mode; all 29 layers' at once were
     killed for memory on a 24 GB machine). Each one's seconds: the pass's, split evenly, and its own."""
@@ -398,13 +425,16 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig,
     E = lm.embedding_rows().float()
     fast = not cfg.has_table(lm.vocab_size)
     n_tokens, n_sample = cfg.sizes(lm.d_model, lm.vocab_size)
+    ids = calibration_ids(lm, n_tokens, cfg.seq_len, cfg.random_fraction, sampled_fraction=cfg.sampled_fraction).to(lm.device)
     if fast:  # a sample of position-0 states and a linear model of the rest; no table feature
         pos0 = position0_models(observe, E, table_sample(lm.vocab_size, n_sample).to(lm.device), cfg.ridge,
                                 desc=desc)
+        for p, kept in zip(pos0, first_token_rows(observe_exact or observe, first_tokens(lm, ids, cfg.first_tokens),
+                                                  lm.device)):
+            p.update(kept)
         tables = [None] * len(pos0)
     else:
         tables = position0_tables(observe, lm.vocab_size, lm.device, desc=f"calibration {desc}")
-    ids = calibration_ids(lm, n_tokens, cfg.seq_len, cfg.random_fraction, sampled_fraction=cfg.sampled_fraction).to(lm.device)
     with_lens = [j for j, tap in enumerate(taps) if lens_fitted(tap, cfg)] if observe_to_last else []
     models = _forward_models(observe, E, tables, ids, cfg.ridge, desc=desc,
                              lens=(observe_to_last, cfg.lens_rows, with_lens) if with_lens else None)
@@ -480,7 +510,8 @@ def _fitted(lm, taps: list, config: LearnedConfig) -> Iterator[Calibration]:
     runner = lm.copy_in(dtype) if dtype != lm.dtype else lm
     with_last = [*taps, LayerTap(lm, lm.depth)] if lm.n_layers == lm.depth else None  # (a cut model: no lens)
     return fit_calibrations(taps, lambda ids: [x.float() for x in run_taps(runner, taps, ids)], config,
-                            (lambda ids: [x.float() for x in run_taps(runner, with_last, ids)]) if with_last else None)
+                            (lambda ids: [x.float() for x in run_taps(runner, with_last, ids)]) if with_last else None,
+                            lambda ids: [x.float() for x in run_taps(lm, taps, ids)])
 
 
 def _runner_dtype(lm, config: LearnedConfig) -> torch.dtype:

@@ -1,0 +1,42 @@
+"""Position 0 under a fast calibration, on held-out first tokens: the first token of N spans of each source (the tokens
+a captured window starts with), its position-0 state alone, and whether the fast ranker's position-0 guess is right;
+where it is not, the truth's place in a position-0 search's order (position0_order: the candidates tried before it;
+the loop tries 16, then 64, then 256 a batch, each batch a pass). `tech` (the reference manual) is left out: the
+calibration text.
+
+    python first_token_fast.py MODEL LAYER SEED N        e.g. gemma3-270m 9 877 200"""
+import statistics
+import sys
+
+import torch
+
+torch.set_num_threads(2)
+from sipit import corpora
+from sipit.invert import InvertConfig, SipIt
+from sipit.invert.learned.config import calibration_config
+from sipit.models import LayerTap, load_model
+
+model, layer, seed, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+SOURCES = [s for s in ("prose", "code", "chat", "fortunes", "wordnet", "random") if corpora.available()[s]]
+lm = load_model(model)
+tap = LayerTap(lm, layer)
+ranker = SipIt(lm, layer, InvertConfig(policy="learned", learned=calibration_config("fast")), eps=1e-4).policy.ranker
+print(f"# python first_token_fast.py {' '.join(sys.argv[1:])}: {lm.name} layer {layer}, fast calibration "
+      f"({'a first-token table of ' + str(len(ranker.cal.first_ids)) if getattr(ranker.cal, 'first_ids', None) is not None else 'no first-token table'})")
+total = wrong_all = 0
+for source in SOURCES:
+    first = torch.tensor([p.ids[0] for p in corpora.sample(f"{source}:{n}", lm.tokenizer, 4, seed, lm.vocab_size)])
+    Y = torch.cat([tap.states(v[:, None])[:, 0] for v in first.split(256)]).float()  # [n, d]
+    guess = ranker.position0(Y)[0]
+    wrong = (guess != first).nonzero()[:, 0].tolist()
+    ranks = []
+    for i in wrong:
+        key = ranker.position0(Y[i:i + 1])[1][0]
+        order = ranker.position0_order(Y[i], key)
+        ranks.append(int((order == first[i]).nonzero()[0, 0]))
+    total, wrong_all = total + len(first), wrong_all + len(wrong)
+    worst = sorted(zip(ranks, [lm.decode([int(first[i])]) for i in wrong]), reverse=True)[:3]
+    print(f"{source:9s} {len(first)} first tokens ({len(set(first.tolist()))} distinct): {len(wrong)} guessed wrong; "
+          f"the truth's place in the search: median {statistics.median(ranks) if ranks else '-'}, "
+          f"over 336 (more than the first three batches) {sum(r >= 336 for r in ranks)}; worst {worst}")
+print(f"all: {wrong_all} of {total} wrong")
