@@ -22,9 +22,9 @@ through ℓ blocks (half of SmolLM2's calibration at ℓ = 30; over an hour for 
 V = 151,936 on 2 cores), so only a seeded sample of table_tokens tokens goes through at position 0,
 and a whitened ridge model h_0 ≈ A0 e_v + c0 fitted on them ranks position 0 like every other
 position; the exact position-0 states of the calibration text's most frequent tokens are kept beside it (the
-tokens text starts with most, newlines and punctuation, are those it predicts worst: first_token_rows). It gives up the table feature (t ≥ 1 fits [e_v, ĥ_{t−1}] only: a weaker ranker at deep
-layers) and the certified lower bounds at position 0 (position 0 is certified only by evaluating
-candidates); it keeps exactness: the loop verifies every accepted token whatever the ranker says.
+tokens text starts with most, newlines and punctuation, are those it predicts worst: first_token_rows). It gives up
+the table feature (t ≥ 1 fits [e_v, ĥ_{t−1}] only: a weaker ranker at deep layers) and the certified lower bounds
+at position 0 (position 0 is certified only by evaluating candidates); it keeps exactness: the loop verifies every accepted token whatever the ranker says.
 """
 from __future__ import annotations
 
@@ -173,17 +173,17 @@ def first_tokens(lm, ids: Tensor, k: int) -> Tensor:
 @torch.no_grad()
 def first_token_rows(observe: Observe, first: Tensor, device, batch: int = 256) -> list[dict[str, Tensor]]:
     """Fast mode, per target: the position-0 states of the ids first [n] (observe: the model in its own precision,
-    not a lower-precision copy: SmolLM2 layer 15's closest two of 1,024 frequent tokens are 1.6e-3 apart, relative,
-    where a bfloat16 copy's states are off by 4.5e-3, median) and each one's radius, half the distance to its
-    nearest other: an observation within it of a state is nearer that state than any other kept one.
-    -> [{first_ids [n], first_rows [n, d] float32, first_radius [n]}]"""
+    not a lower-precision copy: states with massive activations at position 0 lie close together, and a bfloat16
+    copy's error put 800 of SmolLM2's 1,027 kept states at layer 15 and 997 at 30 past their own radius:
+    first_token_near.py) and each
+    one's radius, half the distance to its nearest other: an observation within it of a state is nearer that state
+    than any other kept one. -> [{first_ids [n], first_rows [n, d] float32, first_radius [n]}]"""
     states = [torch.cat(rows) for rows in zip(*(observe(v[:, None].to(device)) for v in first.split(batch)))]
     out = []
     for rows in states:
         rows = rows[:, 0].float()
-        D = torch.cdist(rows.double(), rows.double()).fill_diagonal_(float("inf"))  # float64: states with massive
-        out.append(dict(first_ids=first.to(device), first_rows=rows,  # activations differ in few digits
-                        first_radius=(D.min(1).values / 2).float()))
+        D = torch.cdist(rows.double(), rows.double()).fill_diagonal_(float("inf"))  # (float64: they differ in few digits)
+        out.append(dict(first_ids=first.to(device), first_rows=rows, first_radius=(D.min(1).values / 2).float()))
     return out
 
 
@@ -415,9 +415,9 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig,
     """Calibrations of several taps of one LM whose states `observe` returns together (one pass), yielded one
     at a time in taps' order; observe_to_last: the same and then the last layer's states, for the lens
     (cache.lens_fitted); observe_exact: the same by the model itself where `observe` runs a lower-precision copy
-    (fast mode's kept first-token states: first_token_rows). The pass holds only each tap's moments (and, in full mode, its table); a tap's
-    [V, d] predictions are made after it, tap by tap, so a caller that saves and drops each calibration holds
-    one (Qwen2.5-1.5B, V = 151,936: 1.8 GB of predictions per layer in fast mode; all 29 layers' at once were
+    (fast mode's kept first-token states: first_token_rows). The pass holds only each tap's moments (and, in full
+    mode, its table); a tap's [V, d] predictions are made after it, tap by tap, so a caller that saves and drops
+    each calibration holds one (Qwen2.5-1.5B, V = 151,936: 1.8 GB of predictions per layer in fast mode; all 29 layers' at once were
     killed for memory on a 24 GB machine). Each one's seconds: the pass's, split evenly, and its own."""
     t0 = time.perf_counter()
     lm = taps[0].lm
