@@ -164,7 +164,10 @@ def table_sample(V: int, n: int, seed: int = 3) -> Tensor:
 
 def first_tokens(lm, ids: Tensor, k: int) -> Tensor:
     """Fast mode: the tokens whose exact position-0 states the calibration keeps: the k most frequent of the calibration
-    rows ids [N, S] and the tokenizer's special tokens. [n] ascending, on the CPU"""
+    rows ids [N, S] and the tokenizer's special tokens; none for a model without a tokenizer (random:<arch>: its rows
+    and prompts are uniform random ids, no token more frequent than another). [n] ascending, on the CPU"""
+    if lm.tokenizer is None:
+        return torch.zeros(0, dtype=torch.long)
     counts = torch.bincount(ids.flatten().cpu(), minlength=lm.vocab_size)
     top = counts.topk(min(k, int((counts > 0).sum()))).indices
     return torch.unique(torch.cat([top, lm.special_ids()]))
@@ -429,8 +432,8 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig,
     if fast:  # a sample of position-0 states and a linear model of the rest; no table feature
         pos0 = position0_models(observe, E, table_sample(lm.vocab_size, n_sample).to(lm.device), cfg.ridge,
                                 desc=desc)
-        for p, kept in zip(pos0, first_token_rows(observe_exact or observe, first_tokens(lm, ids, cfg.first_tokens),
-                                                  lm.device)):
+        first = first_tokens(lm, ids, cfg.first_tokens)
+        for p, kept in zip(pos0, first_token_rows(observe_exact or observe, first, lm.device) if len(first) else []):
             p.update(kept)
         tables = [None] * len(pos0)
     else:
