@@ -36,6 +36,15 @@ for source in SOURCES:
         ranks.append(int((order == first[i]).nonzero()[0, 0]))
     total, wrong_all = total + len(first), wrong_all + len(wrong)
     worst = sorted(zip(ranks, [lm.decode([int(first[i])]) for i in wrong]), reverse=True)[:3]
+    cal = ranker.cal
+    if getattr(cal, "first_ids", None) is not None:  # wrong guesses of a kept token: another token's state in its radius
+        for i in wrong:
+            kept = (cal.first_ids == guess[i]).nonzero()[:, 0]
+            if len(kept):
+                d = float((Y[i].double() - cal.first_rows[kept[0]].double()).norm())
+                print(f"  {lm.decode([int(first[i])])!r} guessed as the kept {lm.decode([int(guess[i])])!r}: "
+                      f"{d / float(Y[i].norm()):.2g} of the state's norm away, {d / float(cal.first_radius[kept[0]]):.0%} "
+                      f"of its radius")
     print(f"{source:9s} {len(first)} first tokens ({len(set(first.tolist()))} distinct): {len(wrong)} guessed wrong; "
           f"the truth's place in the search: median {statistics.median(ranks) if ranks else '-'}, "
           f"over 336 (more than the first three batches) {sum(r >= 336 for r in ranks)}; worst {worst}")
