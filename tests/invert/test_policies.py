@@ -34,3 +34,12 @@ def test_policies_only_order_the_same_verified_answer(lm):
         assert p.exact and p.ids == ids.tolist()
         tried[policy] = sum(q.tried for q in p.positions)
     assert tried["learned"] < tried["exhaustive"]  # the calibrated ranking needs fewer candidates
+
+
+def test_the_engine_tells_its_policy_the_acceptance_threshold(lm):
+    """A policy may treat what lies within the loop's eps as a match (the learned one's kept first tokens): the engine
+    sets it, whatever the policy."""
+    from sipit.invert import SipIt
+
+    for name in ("exhaustive", "random"):
+        assert SipIt(lm, 2, InvertConfig(policy=name), eps=3e-4).policy.eps == 3e-4

@@ -35,6 +35,7 @@ from ..models import LayerTap
 
 class Policy:
     name = "base"
+    eps: float | None = None  # the loop's acceptance threshold (relative distance), set by the engine that runs it
 
     def __init__(self, tap: LayerTap, config):
         self.tap, self.config = tap, config

@@ -157,6 +157,7 @@ class SipIt:
         self.certifier = Certifier(self.tap, self.eps, self.config.certify, self.config.batch_size)
         self.drafts, self._draft = _wants_draft(self.config, self.tap), None  # (the draft tap: _draft_tap)
         self.policy = make_policy(self.config.policy, self.tap, self.config)
+        self.policy.eps = eps
         self.name = self.policy.name
         self.guessed = self.wrong = 0  # guesses speculation rows verified, over every prompt so far; wrong ones
         self.carried = self.carried_wrong = 0  # lookahead passes so far; those whose carrying candidates were all wrong

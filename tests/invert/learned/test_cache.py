@@ -194,9 +194,10 @@ def test_fast_position0_is_screened_in_its_subspace(tmp_path):
 def test_fast_calibration_keeps_the_frequent_first_tokens_exact_states():
     """A fast calibration keeps the exact position-0 states of the calibration text's most frequent tokens and the
     special ones, from the model itself even where the fit ran a low-precision copy, each with half the distance to
-    its nearest other: an observation within that radius of a kept state guesses its token, before the linear model
-    (planted: the kept state of one token relabelled as another is guessed as the other); one outside every radius,
-    or a calibration without them (a file of before), gets the linear model's guess."""
+    its nearest other: an observation within that radius of a kept state (and within the loop's eps of it, where
+    given) guesses its token, before the linear model (planted: the kept state of one token relabelled as another is
+    guessed as the other); one outside, or a calibration without them (a file of before), gets the linear model's
+    guess."""
     from sipit.invert.learned.data import calibration_ids
     from sipit.invert.learned.fit import first_tokens
 
@@ -221,6 +222,13 @@ def test_fast_calibration_keeps_the_frequent_first_tokens_exact_states():
     direction = torch.randn(exact.shape[1], generator=torch.Generator().manual_seed(0))
     away = exact[a] + 3 * cal.first_radius[a] * direction / direction.norm()
     assert torch.equal(ranker.position0(away[None])[0], linear.position0(away[None])[0])
+    # with the loop's eps, also within eps of it (relative): a kept token's own state still is, a state half its radius
+    # away (another token's, as it may be) is not
+    half = exact[a] + cal.first_radius[a] / 2 * direction / direction.norm()
+    relabelled = LinearRanker(planted, tap)
+    assert relabelled.position0(half[None])[0][0] == cal.first_ids[b]
+    assert relabelled.position0(exact[a:a + 1], eps=1e-4)[0][0] == cal.first_ids[b]
+    assert relabelled.position0(half[None], eps=1e-4)[0][0] == linear.position0(half[None])[0][0] != cal.first_ids[b]
 
 
 def test_fast_calibration_without_position0_norms_loads(tmp_path):

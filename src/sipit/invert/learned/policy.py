@@ -39,7 +39,7 @@ class Learned(Policy):
         into = into or [copy.copy(self) for _ in targets]
         for s in range(0, len(targets), GROUP):
             group = [t.float() for t in targets[s:s + GROUP]]
-            g0, d0, bounds0 = self.ranker.position0(torch.stack([t[0] for t in group]))
+            g0, d0, bounds0 = self.ranker.position0(torch.stack([t[0] for t in group]), self.eps)
             for j, (rest, prior, shortlist) in enumerate(self.ranker.first_look(group)):
                 p = into[s + j]
                 Policy.begin(p, targets[s + j], costs[s + j])

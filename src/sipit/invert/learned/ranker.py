@@ -168,16 +168,16 @@ class LinearRanker:
     def _count(self, positions: int) -> None:
         self.scored += positions * self.cal.P.shape[0]
 
-    def position0(self, Y: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    def position0(self, Y: Tensor, eps: float | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
         """Y [B, d]: position 0 of B prompts -> (guesses [B], an order key [B, V]: ascending = best
         first, certified lower bounds of the true relative distances [B, V] or None). With the table
         the key is the relative distance (exact for a screened few, else a lower bound); without it,
-        minus the score."""
+        minus the score. eps: the loop's acceptance threshold, where known (first_tokens)."""
         c = self.cal
         self._count(len(Y))
         if c.table is None:
             guesses, key = position0_scores(Y.float() @ c.white0 - c.c0w, c, self.E, self.screen_top)
-            return *self.first_tokens(Y, guesses, key), None
+            return *self.first_tokens(Y, guesses, key, eps), None
         q = (Y.double() - c.t_mean.double()).float() @ self.t_basis  # [B, k]
         q_sq = (q.double() ** 2).sum(1, keepdim=True)  # [B, 1]
         # ‖Π(x_v − y)‖² ≤ ‖x_v − y‖², less the slack: one fused float32 product, then in place  [B, V]
@@ -191,19 +191,26 @@ class LinearRanker:
         bounds = rel.mul((1 - 2.0 ** -21) / (1 + e)).sub_(e / (1 + e)).clamp_min_(0)
         return top.gather(1, exact.argmin(1, keepdim=True))[:, 0], rel, bounds
 
-    def first_tokens(self, Y: Tensor, guesses: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
+    def first_tokens(self, Y: Tensor, guesses: Tensor, key: Tensor, eps: float | None = None) -> tuple[Tensor, Tensor]:
         """Fast mode: where an observation Y [B, d] lies within a kept first-token state's radius (Calibration.first_rows),
-        that token is its guess and first in its key (guesses [B], key [B, V]: position0_scores', changed in place). The
-        tokens text starts with most are those the linear model misses (held-out first tokens of six sources, fresh seed
-        883, wrong without → with them: SmolLM2 layer 15 265 → 15 of 1,200, Gemma-3-270M layer 9 171 → 24, where a
-        newline had ranked 170,877th: first_token_fast.py)."""
+        and within eps of it (relative to ‖y‖, as the loop accepts a token) where given, that token is its guess and
+        first in its key (guesses [B], key [B, V]: position0_scores', changed in place). The tokens text starts with most
+        are those the linear model misses (held-out first tokens of six sources, fresh seed 883, wrong without → with
+        them: SmolLM2 layer 15 265 → 15 of 1,200, Gemma-3-270M layer 9 171 → 24, where a newline had ranked 170,877th:
+        first_token_fast.py). The radius alone makes a kept state the nearest kept one, not the truth: another token's
+        state can lie inside (Qwen2.5-1.5B layer 14, a random `]]:\n` inside `]:\n`'s at 95% of it and 0.5% of its norm),
+        where a kept token's own observation lies within its noise."""
         c = self.cal
         if c.first_ids is None:  # (files saved before they were kept)
             return guesses, key
         rows, rows_sq = self.first_rows
         y = Y.double()
-        near, j = ((y * y).sum(1, keepdim=True) + rows_sq - 2 * y @ rows.T).min(1)  # squared distances [B]
-        hit = (near < c.first_radius[j].double() ** 2).nonzero()[:, 0]
+        y_sq = (y * y).sum(1, keepdim=True)  # [B, 1]
+        near, j = (y_sq + rows_sq - 2 * y @ rows.T).min(1)  # squared distances [B]
+        within = c.first_radius[j].double() ** 2
+        if eps is not None:
+            within = within.minimum(eps ** 2 * y_sq[:, 0])
+        hit = (near < within).nonzero()[:, 0]
         if len(hit):
             ids = c.first_ids[j[hit]]
             guesses[hit] = ids
