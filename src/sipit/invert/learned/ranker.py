@@ -198,8 +198,8 @@ class LinearRanker:
         are those the linear model misses (held-out first tokens of six sources, fresh seed 883, wrong without → with
         them: SmolLM2 layer 15 265 → 15 of 1,200, Gemma-3-270M layer 9 171 → 24, where a newline had ranked 170,877th:
         first_token_fast.py). The radius alone makes a kept state the nearest kept one, not the truth: another token's
-        state can lie inside (Qwen2.5-1.5B layer 14, a random `]]:\n` inside `]:\n`'s at 95% of it and 0.5% of its norm),
-        where a kept token's own observation lies within its noise."""
+        state can lie inside (Qwen2.5-1.5B layer 14: a random id, `]]:` and a newline, in the radius of `]:` and a
+        newline at 95% of it, 0.5% of its norm), where a kept token's own observation lies within its noise."""
         c = self.cal
         if c.first_ids is None:  # (files saved before they were kept)
             return guesses, key
