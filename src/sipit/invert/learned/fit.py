@@ -24,7 +24,8 @@ and a whitened ridge model h_0 ≈ A0 e_v + c0 fitted on them ranks position 0 l
 position; the exact position-0 states of the calibration text's most frequent tokens are kept beside it (the
 tokens text starts with most, newlines and punctuation, are those it predicts worst: first_token_rows). It gives up
 the table feature (t ≥ 1 fits [e_v, ĥ_{t−1}] only: a weaker ranker at deep layers) and the certified lower bounds
-at position 0 (position 0 is certified only by evaluating candidates); it keeps exactness: the loop verifies every accepted token whatever the ranker says.
+at position 0 (position 0 is certified only by evaluating candidates); it keeps exactness: the loop verifies every
+accepted token whatever the ranker says.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from ...models.tap import LayerTap, position0_tables, run_taps
 from .cache import Calibration, cache_path, calibration_key, lens_fitted, load_cached, predictions, token_rows
 from .config import LearnedConfig
 from .data import calibration_ids, random_ids
-from .ranker import LinearRanker, position0_dots, position0_scores
+from .ranker import LinearRanker, position0_dots, position0_scores, squared_distances
 
 Observe = Callable[[Tensor], list[Tensor]]  # ids [B, S] -> one [B, S, d] state tensor per target
 VALIDATION_LEN = 20  # tokens per validation row
@@ -178,15 +179,16 @@ def first_token_rows(observe: Observe, first: Tensor, device, batch: int = 256) 
     """Fast mode, per target: the position-0 states of the ids first [n] (observe: the model in its own precision,
     not a lower-precision copy: states with massive activations at position 0 lie close together, and a bfloat16
     copy's error put 800 of SmolLM2's 1,027 kept states at layer 15 and 997 at 30 past their own radius:
-    first_token_near.py) and each
-    one's radius, half the distance to its nearest other: an observation within it of a state is nearer that state
-    than any other kept one. -> [{first_ids [n], first_rows [n, d] float32, first_radius [n]}]"""
+    first_token_near.py) and each one's radius, half the distance to its nearest other: an observation within it of a
+    state is nearer that state than any other kept one. -> [{first_ids [n], first_rows [n, d] float32, first_radius [n]}]"""
     states = [torch.cat(rows) for rows in zip(*(observe(v[:, None].to(device)) for v in first.split(batch)))]
     out = []
     for rows in states:
         rows = rows[:, 0].float()
-        D = torch.cdist(rows.double(), rows.double()).fill_diagonal_(float("inf"))  # (float64: they differ in few digits)
-        out.append(dict(first_ids=first.to(device), first_rows=rows, first_radius=(D.min(1).values / 2).float()))
+        exact = rows.double()
+        D = squared_distances(exact, exact, exact.square().sum(1)).fill_diagonal_(float("inf"))  # [n, n]
+        out.append(dict(first_ids=first.to(device), first_rows=rows,
+                        first_radius=(D.min(1).values.clamp_min(0).sqrt() / 2).float()))
     return out
 
 
@@ -413,15 +415,15 @@ def observes_plain_states(tap) -> bool:
 
 
 @torch.no_grad()  # (around each step of the generator)
-def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig,
-                     observe_to_last: Observe | None = None, observe_exact: Observe | None = None) -> Iterator[Calibration]:
+def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig, observe_to_last: Observe | None = None,
+                     observe_exact: Observe | None = None) -> Iterator[Calibration]:
     """Calibrations of several taps of one LM whose states `observe` returns together (one pass), yielded one
     at a time in taps' order; observe_to_last: the same and then the last layer's states, for the lens
     (cache.lens_fitted); observe_exact: the same by the model itself where `observe` runs a lower-precision copy
     (fast mode's kept first-token states: first_token_rows). The pass holds only each tap's moments (and, in full
     mode, its table); a tap's [V, d] predictions are made after it, tap by tap, so a caller that saves and drops
-    each calibration holds one (Qwen2.5-1.5B, V = 151,936: 1.8 GB of predictions per layer in fast mode; all 29 layers' at once were
-    killed for memory on a 24 GB machine). Each one's seconds: the pass's, split evenly, and its own."""
+    each calibration holds one (Qwen2.5-1.5B, V = 151,936: 1.8 GB of predictions per layer in fast mode; all 29
+    layers' at once were killed for memory on a 24 GB machine). Each one's seconds: the pass's, split evenly, and its own."""
     t0 = time.perf_counter()
     lm = taps[0].lm
     desc = f"{lm.name} {','.join(t.key for t in taps)}"

@@ -99,6 +99,14 @@ def position0_scores(r0: Tensor, cal: Calibration, E: Tensor, m: int) -> tuple[T
     return order[:, 0], key.scatter_(1, order, first)  # (the m best before every other token)
 
 
+def squared_distances(x: Tensor, rows: Tensor, rows_sq: Tensor) -> Tensor:
+    """‖x_i − row_j‖² of x [n, d] against rows [m, d] float64 with their squared norms rows_sq [m], in float64 from
+    one product (float32 would lose the few digits in which position-0 states with massive activations differ;
+    torch.cdist took 0.9 ms for one row of Gemma-3's 1,028 kept first tokens, this 0.1). [n, m]"""
+    x = x.double()
+    return (x * x).sum(1, keepdim=True) + rows_sq - 2 * x @ rows.T
+
+
 def row_dots(table: Tensor, ids: Tensor, x: Tensor, rows: int = 16) -> Tensor:
     """table[ids[i, j]] · x[i] for ids [n, m] and x [n, k]: [n, m]. In blocks of `rows`, so that each gathered
     [rows, m, k] block is read back from cache (a lock-step batch's guesses, SmolLM2 layer 15, 608 × 64 rows of
@@ -203,13 +211,10 @@ class LinearRanker:
         c = self.cal
         if c.first_ids is None:  # (files saved before they were kept)
             return guesses, key
-        rows, rows_sq = self.first_rows
-        y = Y.double()
-        y_sq = (y * y).sum(1, keepdim=True)  # [B, 1]
-        near, j = (y_sq + rows_sq - 2 * y @ rows.T).min(1)  # squared distances [B]
+        near, j = squared_distances(Y, *self.first_rows).min(1)  # [B]
         within = c.first_radius[j].double() ** 2
         if eps is not None:
-            within = within.minimum(eps ** 2 * y_sq[:, 0])
+            within = within.minimum(eps ** 2 * Y.double().square().sum(1))
         hit = (near < within).nonzero()[:, 0]
         if len(hit):
             ids = c.first_ids[j[hit]]
@@ -219,9 +224,7 @@ class LinearRanker:
 
     @cached_property
     def first_rows(self) -> tuple[Tensor, Tensor]:
-        """The kept first-token states in float64 [n, d] and their squared norms [n], once: distances from them come
-        from one product (torch.cdist took 0.9 ms for one row of Gemma-3's, this 0.1), in float64, as float32 would lose
-        the few digits in which states with massive activations differ."""
+        """The kept first-token states in float64 [n, d] and their squared norms [n], once (squared_distances)."""
         rows = self.cal.first_rows.double()
         return rows, (rows * rows).sum(1)
 
