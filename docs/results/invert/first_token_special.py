@@ -1,7 +1,7 @@
 """A prompt that starts with the tokenizer's <bos> (as tokenizers encode text by default), inverted with a fast
 calibration: seconds, exactness and how many candidates position 0 tried. Its state at position 0 is one a linear
-model of the embedding rows does not predict; since position0_order a search at position 0 tries the special tokens
-first. The same with the newline token first.
+model of the embedding rows does not predict; e80c51f had a search at position 0 try the special tokens first, and
+since bfd8fe5 their exact states are among the kept first tokens (first_tokens). The same with the newline token first.
 
     python first_token_special.py MODEL LAYER        e.g. gemma3-270m 9"""
 import sys

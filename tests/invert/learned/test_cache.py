@@ -160,7 +160,7 @@ def test_fast_position0_is_screened_in_its_subspace(tmp_path):
     """A fast calibration keeps a principal subspace of position 0's predictions where its guesses agree with full
     scoring on the fit's rows: position 0 then reads [V, k0] instead of the embedding rows, guesses as full scoring
     does on other states too, and orders the screen's best first by their exact scores; a search there takes the full
-    scores' order after the tokenizer's special tokens; a file saved before it (no p0_basis) loads and scores through
+    scores' order; a file saved before it (no p0_basis) loads and scores through
     the whole embedding, alike."""
 
     lm = load_model("tiny-llama")
@@ -183,15 +183,12 @@ def test_fast_position0_is_screened_in_its_subspace(tmp_path):
     states = tap.states(ids[:2])[:, 0]
     for i in range(2):
         assert torch.equal(ranker.position0_order(states[i], key[i]), full_key[i].argsort())
-    ranker.special_ids = torch.tensor([5, 7])  # ... after the tokenizer's special tokens (<bos>, ...), whatever their scores
-    order, full = ranker.position0_order(states[0], key[0]), full_key[0].argsort()
-    assert order[:2].tolist() == [5, 7] and torch.equal(order[2:], full[(full != 5) & (full != 7)])
     back = loaded_without(cal, "p0_basis", tmp_path, lm)
     assert back.p0_basis is None and back.p0_proj is None
     assert torch.equal(position0_scores(r0, back, E, m)[0], full_guess)
 
 
-def test_fast_calibration_keeps_the_frequent_first_tokens_exact_states():
+def test_fast_calibration_keeps_the_frequent_first_tokens_exact_states(sampling_lm):
     """A fast calibration keeps the exact position-0 states of the calibration text's most frequent tokens and the
     special ones, from the model itself even where the fit ran a low-precision copy, each with half the distance to
     its nearest other: an observation within that radius of a kept state (and within the loop's eps of it, where
@@ -201,11 +198,13 @@ def test_fast_calibration_keeps_the_frequent_first_tokens_exact_states():
     from sipit.invert.learned.data import calibration_ids
     from sipit.invert.learned.fit import first_tokens
 
-    lm = load_model("tiny-llama")
+    lm = sampling_lm  # (a tokenizer with a special token: <bos> = id 0)
     tap = LayerTap(lm, 2)
-    cal = calibrate(tap, SAMPLED)
-    ids = calibration_ids(lm, SAMPLED.calibration_tokens, SAMPLED.seq_len, SAMPLED.random_fraction)
-    assert torch.equal(cal.first_ids, first_tokens(lm, ids, SAMPLED.first_tokens))
+    cfg = dataclasses.replace(SAMPLED, sampled_fraction=0.0, first_tokens=16)
+    cal = calibrate(tap, cfg)
+    ids = calibration_ids(lm, cfg.calibration_tokens, cfg.seq_len, cfg.random_fraction)
+    assert torch.equal(cal.first_ids, first_tokens(lm, ids, cfg.first_tokens))
+    assert len(lm.special_ids()) and torch.isin(lm.special_ids(), cal.first_ids).all()  # (<bos>, …: never predicted)
     exact = tap.states(cal.first_ids[:, None])[:, 0].float()  # the model's own, one token alone
     assert torch.allclose(cal.first_rows, exact, rtol=0, atol=1e-5 * float(exact.abs().max()))
     D = torch.cdist(exact.double(), exact.double()).fill_diagonal_(float("inf"))

@@ -232,23 +232,12 @@ class LinearRanker:
         """The order of a search at position 0 (y [d]: the observed state, key [V]: position0's). With a table, that
         key. In a fast calibration every token's full score (where its screen valued all but its best in its
         subspace only: read when a search needs it; SmolLM2, fresh seed 859: a missed first token ranked 123rd by
-        the screen's order at layer 15, 2nd by the full scores), after the tokenizer's special tokens: a linear
-        model of the embedding rows does not predict the state a model gives the token it starts sequences with
-        (Gemma-3-270M layer 9: <bos>, which tokenizers put first by default, ranked 94,720th; the search took
-        90–119 s). Ids [V], best first."""
+        the screen's order at layer 15, 2nd by the full scores). (The tokenizer's special tokens, whose states the
+        linear model does not predict, are among the kept first tokens: first_tokens.) Ids [V], best first."""
         c = self.cal
-        if c.table is not None:
+        if c.table is not None or c.p0_basis is None:
             return key.argsort()
-        if c.p0_basis is not None:
-            key = position0_full(y[None].float() @ c.white0 - c.c0w, c, self.E)[0].neg_()
-        order = key.argsort()
-        special = self.special_ids.to(order.device)
-        return torch.cat([special, order[~torch.isin(order, special)]]) if len(special) else order
-
-    @cached_property
-    def special_ids(self) -> Tensor:
-        """LM.special_ids, once. [n]"""
-        return self.lm.special_ids()
+        return position0_full(y[None].float() @ c.white0 - c.c0w, c, self.E)[0].neg_().argsort()
 
     def context_residuals(self, *targets: Tensor) -> Tensor:
         """Whitened observations minus the predicted context part, positions 1..T_i-1 of each target
