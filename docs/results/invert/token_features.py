@@ -64,7 +64,7 @@ def wrong_guesses(table: torch.Tensor, with_mean: bool, test_ids: torch.Tensor, 
 
     def residuals(Hs):
         return ((Hs[:, 1:] - my - (context(Hs, with_mean) - mx[F:]) @ Ws[F:]) @ W).reshape(-1, P.shape[1])
-    gain = fit._best_gain(2 * residuals(H_val) @ P.T, P_sq, val[:, 1:].reshape(-1), (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0))
+    gain = fit._best_gain(2 * residuals(H_val) @ P.T, P_sq, val[:, 1:].reshape(-1), (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0))[0]
     top = (2 * residuals(H_test) @ P.T - gain * P_sq).argmax(1)
     return (top != test_ids[:, 1:].reshape(-1)).view(len(test_ids), -1)
 

@@ -259,3 +259,18 @@ def test_wide_models_fit_on_more_tokens_than_configured():
     lm = load_model("tiny-gpt2")  # d = 64: 1,000 configured tokens are raised to 12 per feature
     few = LearnedConfig(calibration_tokens=1000)
     assert few.sizes(lm.d_model, lm.vocab_size)[0] == 2341
+
+
+@pytest.mark.parametrize("with_table", [False, True])
+def test_predictions_are_each_tokens_features_less_their_mean_times_A(with_table):
+    """predictions: (token features − mx) A for every token, in blocks of 16,384 rows, and their squared norms."""
+    from sipit.invert.learned.cache import predictions, token_rows
+
+    g = torch.Generator().manual_seed(0)
+    V, e, d = 40_000, 8, 6
+    E, table = torch.randn(V, e, generator=g), torch.randn(V, d, generator=g) if with_table else None
+    F = e + (d if with_table else 0)
+    mx, A = torch.randn(F + d, generator=g, dtype=torch.float64), torch.randn(F, d, generator=g)
+    P, P_sq = predictions(E, mx, A, table)
+    expected = (token_rows(E, table, torch.arange(V)) - mx[:F].float()) @ A
+    assert torch.allclose(P, expected, atol=1e-5) and torch.allclose(P_sq, (P.double() ** 2).sum(1).float())

@@ -237,3 +237,19 @@ def test_a_model_that_can_sample_fits_on_its_own_samples(sampling_lm, monkeypatc
     assert made == [4096 // 3 // 64] and calibrate(LayerTap(sampling_lm, 3), plain) is not None and len(made) == 1
     without = calibrate(LayerTap(sampling_lm, 2), replace(plain, sampled_fraction=0.0))
     assert not torch.allclose(with_samples.P, without.P)
+
+
+def test_the_gain_is_the_one_whose_top_1_is_right_most_often_and_its_top_1_comes_with_it():
+    """_best_gain over blocks of 64 rows (one reused block for every product): the gain whose scores S − g·P_sq rank
+    the truth first most often (ties: the largest), with those scores' top-1 ids."""
+    from sipit.invert.learned.fit import _best_gain
+
+    g = torch.Generator().manual_seed(0)
+    S, P_sq = torch.randn(150, 300, generator=g), torch.rand(300, generator=g)
+    gains = (0.4, 0.7, 1.0)
+    top = {x: (S - x * P_sq).argmax(1) for x in gains}
+    truth = top[0.7].clone()
+    truth[:5] = top[1.0][:5]  # 0.7 right on all but the rows where it differs from 1.0's
+    best, ids = _best_gain(S, P_sq, truth, gains)
+    assert best == 0.7 and torch.equal(ids, top[0.7])
+    assert _best_gain(S, P_sq, top[0.4], (0.4, 0.4 + 1e-9))[0] == 0.4 + 1e-9  # (a tie: the least shrinkage)

@@ -245,3 +245,21 @@ def test_top_rows_finds_what_topk_finds(V, k, largest):
     want = x.topk(k, dim=1, largest=largest).indices
     assert torch.equal(top_rows(x, k, largest), want)
     assert torch.equal(top_rows(x[3], k, largest), want[3])
+
+
+def test_a_ranker_rereads_its_screens_as_a_new_ranker_reads_them(lm):
+    """A fit tries ranks on one ranker (use_screen, use_head after changing the calibration's subspaces): each
+    screen the same, tensor for tensor, as a ranker made on the changed calibration has."""
+    tap = LayerTap(lm, lm.n_layers)
+    cal = calibrate(tap, FAST)
+    ranker = LinearRanker(cal, tap, low=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    cal.p_basis, cal.u_basis = (torch.linalg.qr(torch.randn(lm.d_model, 2, generator=g))[0] for _ in range(2))
+    cal.p_proj, cal.u_proj = cal.P @ cal.p_basis, lm.unembedding_rows().float() @ cal.u_basis  # (rank 2 of each)
+    ranker.use_screen()
+    ranker.use_head()
+    new = LinearRanker(cal, tap, low=torch.float32)
+    for name in ("p_sq", "screen_table", "p_proj_low", "head_low", "unembed"):
+        assert torch.equal(getattr(ranker, name), getattr(new, name)), name
+    assert ranker.exact_screen == new.exact_screen
+

@@ -260,22 +260,22 @@ def _table_subspace(table: Tensor, k: int) -> dict:
     mean = table.double().mean(0)
     Q = _principal_basis(table, k, mean)
     return dict(table=table, t_mean=mean.float(), t_basis=Q.float(),
-                t_proj=torch.cat([(c.double() - mean) @ Q for c in table.split(16384)]).float())  # float64: the bounds' slack assumes one rounding
+                t_proj=torch.cat([c.double().sub_(mean) @ Q for c in table.split(16384)]).float())  # float64: the bounds' slack assumes one rounding
 
 
-def _position0_screen(p0: dict, E: Tensor, H0: Tensor, cfg: LearnedConfig) -> dict:
+def _position0_screen(p0: dict, E: Tensor, H0: Tensor, full: Tensor, cfg: LearnedConfig, gram: Tensor | None = None) -> dict:
     """Fast mode: the principal subspace of the position-0 predictions p0_v = (e_v − mx0) A0 in which position 0 is
     screened (position0_scores), of the smallest rank of cfg.screen_rank, twice that, ... whose guesses agree with
-    full scoring on ≥ cfg.screen_agree of the fresh position-0 states H0 [n, d]; none (E read whole) where no rank up
+    full scoring (full: its guesses [n], _position0_gain's) on ≥ cfg.screen_agree of the fresh position-0 states H0 [n, d]; none (E read whole) where no rank up
     to d/2 does: a screen that reads more saves little beside its exact step (Gemma-3-270M: the fit kept 32 / 256 /
     512 of 640 at layers 1 / 9 / 18, and 512 was no faster than the whole read: position0_screen_ab.txt).
-    p0: position0_models' fields with p0_sq and gain0.
+    p0: position0_models' fields with p0_sq and gain0; gram: _gram(E, p0's mx0) where made already.
     -> {p0_basis [d, k0], p0_proj [V, k0], p0_proj_sq [V]} or {}"""
     F, d = p0["A0"].shape
     A0 = p0["A0"].double()  # p0's Gram from the centred embedding rows': no [V, d] made
-    basis = torch.linalg.eigh(A0.T @ _gram(E, p0["mx0"][:F]) @ A0)[1].flip(1).float()  # [d, d]: by decreasing variance
+    gram = _gram(E, p0["mx0"][:F]) if gram is None else gram
+    basis = torch.linalg.eigh(A0.T @ gram @ A0)[1].flip(1).float()  # [d, d]: by decreasing variance
     r0 = H0.float() @ p0["white0"] - p0["c0w"]
-    full = position0_scores(r0, SimpleNamespace(**p0, p0_basis=None), E, cfg.screen_top)[0]
     rank = min(cfg.screen_rank, d)
     while rank <= d // 2:
         U = basis[:, :rank].contiguous()
@@ -288,19 +288,23 @@ def _position0_screen(p0: dict, E: Tensor, H0: Tensor, cfg: LearnedConfig) -> di
     return {}
 
 
-def _best_gain(S: Tensor, P_sq: Tensor, truth: Tensor, gains) -> float:
+def _best_gain(S: Tensor, P_sq: Tensor, truth: Tensor, gains) -> tuple[float, Tensor]:
     """The gain g of cfg.gains whose scores S − g·P_sq [n, V] rank the true ids [n] first most often
-    (ties: the least shrinkage)."""
-    hits = dict.fromkeys(gains, 0)
-    for rows, true in zip(S.split(64), truth.split(64)):  # ([64, V] temporaries stay in cache)
+    (ties: the least shrinkage). -> (g, the top-1 ids [n] at g)"""
+    top = {g: [] for g in gains}
+    block = S.new_empty(min(64, len(S)), S.shape[1])  # (one [64, V] block for every product, in cache; a fresh
+    for rows in S.split(64):  # temporary per gain and block took half the time: 516 → 279 ms for SmolLM2's 608 rows)
         for g in gains:
-            hits[g] += int(((rows - g * P_sq).argmax(1) == true).sum())
-    return max(gains, key=lambda g: (hits[g], g))
+            top[g].append(torch.sub(rows, g * P_sq, out=block[:len(rows)]).argmax(1))
+    top = {g: torch.cat(ids) for g, ids in top.items()}
+    best = max(gains, key=lambda g: (int((top[g] == truth).sum()), g))
+    return best, top[best]
 
 
-def _position0_gain(p0: dict, E: Tensor, H0: Tensor, truth: Tensor, gains) -> float:
+def _position0_gain(p0: dict, E: Tensor, H0: Tensor, truth: Tensor, gains) -> tuple[float, Tensor]:
     """Fast mode: the gain of the position-0 model p0 (position0_models', with p0_sq), chosen on fresh position-0
-    states H0 [n, d] of ids truth [n]; E: the embedding rows [V, e]."""
+    states H0 [n, d] of ids truth [n]; E: the embedding rows [V, e]. -> (it, the guesses [n] of full scoring at it,
+    position0_full's)"""
     r0 = H0.float() @ p0["white0"] - p0["c0w"]
     return _best_gain(2 * position0_dots(r0, p0["A0"], p0["mx0"], E), p0["p0_sq"], truth, gains)
 
@@ -325,20 +329,21 @@ def _screening(parts: dict, H: Tensor, ids: Tensor, cfg: LearnedConfig, tap) -> 
     r = (H[:, 1:] @ parts["white"] - H[:, :-1] @ parts["Bw"] - parts["cw"]).reshape(-1, d)  # [n, d]
     truth = ids[:, 1:].reshape(-1)
     P, P_sq = parts["P"], parts["P_sq"]
-    S = 2 * r @ P.T  # [n, V], once for every gain
-    gain = _best_gain(S, P_sq, truth, cfg.gains)
-    full = (S - gain * P_sq).argmax(1)
-    del S
+    gain, full = _best_gain(2 * r @ P.T, P_sq, truth, cfg.gains)  # ([n, V] scores, once for every gain)
     basis = _principal_basis(P, d).float()  # all directions, by decreasing variance
-    rank = min(cfg.screen_rank, d)
-    while True:  # (float32 projections: the screen only orders candidates)
+
+    def screen(rank: int) -> dict:  # P's screen of a rank (float32 projections: the screen only orders candidates)
         p_basis = basis[:, :rank].contiguous()
-        out.update(p_basis=p_basis, p_proj=P.float() @ p_basis)  # (as Calibration.load makes it)
-        cal = Calibration(key="", gain=gain, seconds=0.0, **out)
-        screened = _ranker(cal, tap, cfg).screen(r)
-        if rank == d or float((screened == full).float().mean()) >= cfg.screen_agree:
-            return cal
+        return dict(p_basis=p_basis, p_proj=P.float() @ p_basis)  # (as Calibration.load makes it)
+
+    rank = min(cfg.screen_rank, d)
+    cal = Calibration(key="", gain=gain, seconds=0.0, **out, **screen(rank))
+    ranker = _ranker(cal, tap, cfg)  # (one ranker for every rank tried: only its screen changes)
+    while rank < d and float((ranker.screen(r) == full).float().mean()) < cfg.screen_agree:
         rank = min(2 * rank, d)
+        cal.p_basis, cal.p_proj = screen(rank).values()
+        ranker.use_screen()
+    return cal
 
 
 def _lm_prior(cal: Calibration, tap, validation: tuple[Tensor, Tensor], H_random: Tensor, cfg: LearnedConfig) -> None:
@@ -358,22 +363,23 @@ def _lm_prior(cal: Calibration, tap, validation: tuple[Tensor, Tensor], H_random
     basis = _principal_basis(U, d).float()  # [d, d], by decreasing variance
     rotated = U.float() @ basis  # [V, d]: the head in that basis, whose first k columns are rank k's u_proj
     cal.lm_weight = cfg.lm_weight
-    plain = _ranker(cal, tap, cfg)  # (no prior yet)
+    ranker = _ranker(cal, tap, cfg)  # (no prior yet; one ranker for every rank tried: only its head screen changes)
 
     def rows(H: Tensor) -> tuple[Tensor, Tensor]:  # states [n, S, d] -> residuals, normed previous states [n(S-1), d]
-        return plain.context_residuals(*H.float()), plain.normed(H[:, :-1].float()).reshape(-1, d).float()
+        return ranker.context_residuals(*H.float()), ranker.normed(H[:, :-1].float()).reshape(-1, d).float()
 
     ids, H_val = validation
     text = len(ids) - _random_rows(len(ids), cfg)  # (calibration_ids puts the random-id rows last)
     r, n = rows(H_val[:text])
     truth = ids[:text, 1:].reshape(-1)
 
-    def at(rank: int) -> LinearRanker:  # the calibration's head screen at a rank, and its ranker
+    def at(rank: int) -> LinearRanker:  # the calibration's head screen at a rank, and the ranker with it
         cal.u_basis = basis[:, :rank].contiguous() if rank < d else torch.eye(d, device=U.device)
         cal.u_proj = rotated[:, :rank].contiguous() if rank < d else None
-        return _ranker(cal, tap, cfg)
+        ranker.use_head()
+        return ranker
 
-    ranker = at(_smallest_as_good(lambda k: int((at(k).screen_prior(r, n) != truth).sum()), cfg.head_rank, d))
+    at(_smallest_as_good(lambda k: int((at(k).screen_prior(r, n) != truth).sum()), cfg.head_rank, d))
     logp = ranker.prior_screens(*rows(H_random))[1]  # the plain guesses' LM log-probs
     cal.lm_gate = _above_random([float(lp.mean()) for lp in logp.split(H_random.shape[1] - 1)], cfg)
 
@@ -438,6 +444,9 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig, observe_t
         for p, kept in zip(pos0, first_token_rows(observe_exact or observe, first, lm.device) if len(first) else []):
             p.update(kept)
         tables = [None] * len(pos0)
+        # every target's position-0 model is fitted on the same embedding rows: one mean, one Gram of them centred
+        mx0 = pos0[0]["mx0"]
+        gram0 = _gram(E, mx0[:E.shape[1]]) if all(torch.equal(p["mx0"], mx0) for p in pos0) else None
     else:
         tables = position0_tables(observe, lm.vocab_size, lm.device, desc=f"calibration {desc}")
     with_lens = [j for j, tap in enumerate(taps) if lens_fitted(tap, cfg)] if observe_to_last else []
@@ -451,7 +460,7 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig, observe_t
     for j, tap in enumerate(taps):
         t1 = time.perf_counter()
         cal = _calibration(tap, cfg, E, models[j], tables[j], pos0[j] if fast else None, (val, H_val[j]),
-                           (gate, H_gate[j]))
+                           (gate, H_gate[j]), gram0 if fast else None)
         models[j] = tables[j] = H_val[j] = H_gate[j] = None  # (what is left of them the calibration holds)
         if fast:
             pos0[j] = None
@@ -461,21 +470,23 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig, observe_t
 
 
 def _calibration(tap, cfg: LearnedConfig, E: Tensor, model: dict, table: Tensor | None, pos0: dict | None,
-                 validation: tuple[Tensor, Tensor], gate: tuple[Tensor, Tensor]) -> Calibration:
+                 validation: tuple[Tensor, Tensor], gate: tuple[Tensor, Tensor], gram0: Tensor | None = None) -> Calibration:
     """One tap's Calibration after the pass: its predictions of every token from its forward model (model:
-    _forward_models'), its position 0 from its table or (fast mode) its model (pos0: position0_models'), the
-    gains and screening rank chosen on the validation rows (ids [n, S], states [n, S, d]) and the LM or lens
-    prior's gate placed on the random-id rows (gate: the same)."""
+    _forward_models'), its position 0 from its table or (fast mode) its model (pos0: position0_models'; gram0: the
+    Gram of the embedding rows less its mx0, where made already), the gains and screening rank chosen on the
+    validation rows (ids [n, S], states [n, S, d]) and the LM or lens prior's gate placed on the random-id rows
+    (gate: the same)."""
     (val, H_val), (gate_ids, H_gate) = validation, gate
     P, P_sq = predictions(E, model["mx"], model["A"], table)  # float32 products suffice here
     if pos0 is not None:  # position 0's gain from the fresh rows' first positions (text and random ids)
         fitted = dict(pos0, p0_sq=predictions(E, pos0["mx0"], pos0["A0"])[1])  # (its norms only: position0_dots)
         H0 = torch.cat([H_val[:, 0], H_gate[:, 0]])
-        fitted["gain0"] = _position0_gain(fitted, E, H0, torch.cat([val[:, 0], gate_ids[:, 0]]), cfg.gains)
-        first = dict(fitted, **_position0_screen(fitted, E, H0, cfg), table=None, t_mean=None, t_basis=None, t_proj=None)
+        fitted["gain0"], full0 = _position0_gain(fitted, E, H0, torch.cat([val[:, 0], gate_ids[:, 0]]), cfg.gains)
+        first = dict(fitted, **_position0_screen(fitted, E, H0, full0, cfg, gram0), table=None, t_mean=None, t_basis=None, t_proj=None)
     else:  # (P comes from the table too: stored, not made from E on load)
         del model["A"], model["mx"]
-        fits16 = bool(torch.isfinite(table).all() and table.abs().max() < 6e4)
+        low, high = table.aminmax()  # (NaN in, NaN out: not finite, no fit)
+        fits16 = bool(low > -6e4) and bool(high < 6e4)
         first = _table_subspace(table.half() if fits16 else table, min(cfg.table_rank, table.shape[1]))
     cal = _screening(dict(model, P=P, P_sq=P_sq, **first), H_val.float(), val, cfg, tap)
     if observes_plain_states(tap) and tap.layer == tap.lm.depth:  # not n_layers: max_layer may cut the model

@@ -140,11 +140,18 @@ class LinearRanker:
             t_sq = (t_proj.double() ** 2).sum(1)  # [V]
             self.t_keep = 1 - (3 * k + 8) * 2.0 ** -24
             self.t_lower = (self.t_keep * t_sq - 1e-6 * t_sq.mean()).float()  # [V]
-        self.unembed = self.lm.unembedding_rows().float() if cal.has_prior or cal.lens_w is not None else None
+        self.unembed = None  # the LM head's rows [V, d] float32, for the LM and lens priors (use_head)
         self.gain = cal.gain
         # the screens in the screening dtype (bfloat16 where native: 3x faster, and only orders candidates;
         # exact scores, position 0's bounds and the LM gate stay float32)
         self.low = low or screen_dtype(cal.P.device)
+        self.use_screen()
+        self.use_head()
+
+    def use_screen(self) -> None:
+        """The guesses' screen from the calibration's P subspace (p_basis, p_proj); a fit that tries ranks sets them
+        and calls this again on one ranker (the rest of a ranker does not depend on them)."""
+        cal = self.cal
         self.exact_screen = cal.p_basis.shape[1] == cal.P.shape[1]  # full rank: screens score exactly
         # the guesses' screens, one product each with the bias folded in: [x·B, (w/2g)·n·U, −1, −1, −c] against
         # [P_v B, U_v B, hi_v, lo_v, 1] with hi + lo = (g/2)‖P_v B‖² (two columns: to ~2⁻¹⁸ in bfloat16) and c a
@@ -163,7 +170,13 @@ class LinearRanker:
         proj = cal.p_proj.to(self.low)
         self.screen_table = torch.cat([proj, bias], 1)  # [V, r + 3]
         self.p_proj_low = self.screen_table[:, :proj.shape[1]]  # a view: token_scores' screen (its gain varies)
-        # the LM head in its screen's subspace [V, k]; at full rank (u_proj not stored) the head's own rows
+
+    def use_head(self) -> None:
+        """The LM head's rows for the priors and its screen from the calibration (u_basis, u_proj): its subspace's rows
+        [V, k], at full rank (u_proj not stored) the head's own; a fit that tries ranks sets them and calls this again."""
+        cal = self.cal
+        if self.unembed is None and (cal.has_prior or cal.lens_w is not None):
+            self.unembed = self.lm.unembedding_rows().float()
         u_proj = cal.u_proj if cal.u_proj is not None else self.unembed
         self.head_low = u_proj.to(self.low) if cal.has_prior else None
 
