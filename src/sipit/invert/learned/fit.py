@@ -294,8 +294,8 @@ def _best_gain(S: Tensor, P_sq: Tensor, truth: Tensor, gains) -> tuple[float, Te
     top = {g: [] for g in gains}
     block = S.new_empty(min(64, len(S)), S.shape[1])  # (one [64, V] block for every product, in cache; a fresh
     for rows in S.split(64):  # temporary per gain and block took half the time: 516 → 279 ms for SmolLM2's 608 rows)
-        for g in gains:
-            top[g].append(torch.sub(rows, g * P_sq, out=block[:len(rows)]).argmax(1))
+        for g in gains:  # (max's indices are argmax's, the first of equal maxima; 2.6 ms a block where argmax took 3.7)
+            top[g].append(torch.sub(rows, g * P_sq, out=block[:len(rows)]).max(1).indices)
     top = {g: torch.cat(ids) for g, ids in top.items()}
     best = max(gains, key=lambda g: (int((top[g] == truth).sum()), g))
     return best, top[best]
