@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sipit.invert.learned import LinearRanker, calibrate
-from sipit.invert.learned.ranker import TOP_GROUP, against, row_dots, top_rows
+from sipit.invert.learned.ranker import TOP_GROUP, against, row_dots, squared_norms, top_rows
 from sipit.models import LayerTap
 
 from .conftest import FAST
@@ -262,4 +262,9 @@ def test_a_ranker_rereads_its_screens_as_a_new_ranker_reads_them(lm):
     for name in ("p_sq", "screen_table", "p_proj_low", "head_low", "unembed"):
         assert torch.equal(getattr(ranker, name), getattr(new, name)), name
     assert ranker.exact_screen == new.exact_screen
+
+
+def test_squared_norms_in_blocks_are_the_whole_products():
+    x = torch.randn(10_000, 7, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(squared_norms(x, block=4096), (x.double() ** 2).sum(1))
 
