@@ -263,12 +263,14 @@ def _table_subspace(table: Tensor, k: int) -> dict:
                 t_proj=torch.cat([c.double().sub_(mean) @ Q for c in table.split(16384)]).float())  # float64: the bounds' slack assumes one rounding
 
 
-def _position0_screen(p0: dict, E: Tensor, H0: Tensor, full: Tensor, cfg: LearnedConfig, gram: Tensor | None = None) -> dict:
+def _position0_screen(p0: dict, E: Tensor, H0: Tensor, full: Tensor, cfg: LearnedConfig,
+                      gram: Tensor | None = None) -> dict:
     """Fast mode: the principal subspace of the position-0 predictions p0_v = (e_v − mx0) A0 in which position 0 is
     screened (position0_scores), of the smallest rank of cfg.screen_rank, twice that, ... whose guesses agree with
-    full scoring (full: its guesses [n], _position0_gain's) on ≥ cfg.screen_agree of the fresh position-0 states H0 [n, d]; none (E read whole) where no rank up
-    to d/2 does: a screen that reads more saves little beside its exact step (Gemma-3-270M: the fit kept 32 / 256 /
-    512 of 640 at layers 1 / 9 / 18, and 512 was no faster than the whole read: position0_screen_ab.txt).
+    full scoring (full: its guesses [n], _position0_gain's) on ≥ cfg.screen_agree of the fresh position-0 states H0
+    [n, d]; none (E read whole) where no rank up to d/2 does: a screen that reads more saves little beside its exact
+    step (Gemma-3-270M: the fit kept 32 / 256 / 512 of 640 at layers 1 / 9 / 18, and 512 was no faster than the whole
+    read: position0_screen_ab.txt).
     p0: position0_models' fields with p0_sq and gain0; gram: _gram(E, p0's mx0) where made already.
     -> {p0_basis [d, k0], p0_proj [V, k0], p0_proj_sq [V]} or {}"""
     F, d = p0["A0"].shape
@@ -437,6 +439,7 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig, observe_t
     fast = not cfg.has_table(lm.vocab_size)
     n_tokens, n_sample = cfg.sizes(lm.d_model, lm.vocab_size)
     ids = calibration_ids(lm, n_tokens, cfg.seq_len, cfg.random_fraction, sampled_fraction=cfg.sampled_fraction).to(lm.device)
+    gram0 = None  # fast mode: the Gram of the embedding rows less the position-0 models' mean, shared by the taps
     if fast:  # a sample of position-0 states and a linear model of the rest; no table feature
         pos0 = position0_models(observe, E, table_sample(lm.vocab_size, n_sample).to(lm.device), cfg.ridge,
                                 desc=desc)
@@ -444,8 +447,7 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig, observe_t
         for p, kept in zip(pos0, first_token_rows(observe_exact or observe, first, lm.device) if len(first) else []):
             p.update(kept)
         tables = [None] * len(pos0)
-        # every target's position-0 model is fitted on the same embedding rows: one mean, one Gram of them centred
-        mx0 = pos0[0]["mx0"]
+        mx0 = pos0[0]["mx0"]  # (every target's position-0 model is fitted on the same embedding rows: one mean)
         gram0 = _gram(E, mx0[:E.shape[1]]) if all(torch.equal(p["mx0"], mx0) for p in pos0) else None
     else:
         tables = position0_tables(observe, lm.vocab_size, lm.device, desc=f"calibration {desc}")
@@ -460,7 +462,7 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig, observe_t
     for j, tap in enumerate(taps):
         t1 = time.perf_counter()
         cal = _calibration(tap, cfg, E, models[j], tables[j], pos0[j] if fast else None, (val, H_val[j]),
-                           (gate, H_gate[j]), gram0 if fast else None)
+                           (gate, H_gate[j]), gram0)
         models[j] = tables[j] = H_val[j] = H_gate[j] = None  # (what is left of them the calibration holds)
         if fast:
             pos0[j] = None
@@ -470,7 +472,8 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig, observe_t
 
 
 def _calibration(tap, cfg: LearnedConfig, E: Tensor, model: dict, table: Tensor | None, pos0: dict | None,
-                 validation: tuple[Tensor, Tensor], gate: tuple[Tensor, Tensor], gram0: Tensor | None = None) -> Calibration:
+                 validation: tuple[Tensor, Tensor], gate: tuple[Tensor, Tensor],
+                 gram0: Tensor | None = None) -> Calibration:
     """One tap's Calibration after the pass: its predictions of every token from its forward model (model:
     _forward_models'), its position 0 from its table or (fast mode) its model (pos0: position0_models'; gram0: the
     Gram of the embedding rows less its mx0, where made already), the gains and screening rank chosen on the
@@ -482,7 +485,8 @@ def _calibration(tap, cfg: LearnedConfig, E: Tensor, model: dict, table: Tensor 
         fitted = dict(pos0, p0_sq=predictions(E, pos0["mx0"], pos0["A0"])[1])  # (its norms only: position0_dots)
         H0 = torch.cat([H_val[:, 0], H_gate[:, 0]])
         fitted["gain0"], full0 = _position0_gain(fitted, E, H0, torch.cat([val[:, 0], gate_ids[:, 0]]), cfg.gains)
-        first = dict(fitted, **_position0_screen(fitted, E, H0, full0, cfg, gram0), table=None, t_mean=None, t_basis=None, t_proj=None)
+        first = dict(fitted, **_position0_screen(fitted, E, H0, full0, cfg, gram0), table=None, t_mean=None,
+                     t_basis=None, t_proj=None)
     else:  # (P comes from the table too: stored, not made from E on load)
         del model["A"], model["mx"]
         low, high = table.aminmax()  # (NaN in, NaN out: not finite, no fit)

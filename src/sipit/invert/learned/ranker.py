@@ -100,8 +100,9 @@ def position0_scores(r0: Tensor, cal: Calibration, E: Tensor, m: int) -> tuple[T
 
 
 def squared_norms(rows: Tensor, block: int = 4096) -> Tensor:
-    """‖row‖² of every row of rows [V, k] in float64, a block of rows at a time (Qwen2.5-1.5B's [151,936, 512] screen:
-    0.46 s squaring a float64 copy of the whole, 0.07 s in blocks that stay in cache; the same numbers). [V] float64"""
+    """‖row‖² of every row of rows [V, k] in float64, a block of rows at a time (Qwen2.5-1.5B's [151,936, 512]
+    screen: 0.46 s squaring a float64 copy of the whole, 0.07 s in blocks that stay in cache; the same numbers).
+    [V] float64"""
     out = torch.empty(len(rows), dtype=torch.float64, device=rows.device)
     for start in range(0, len(rows), block):
         out[start:start + block] = rows[start:start + block].double().square_().sum(1)
@@ -181,8 +182,9 @@ class LinearRanker:
         self.p_proj_low = self.screen_table[:, :proj.shape[1]]  # a view: token_scores' screen (its gain varies)
 
     def use_head(self) -> None:
-        """The LM head's rows for the priors and its screen from the calibration (u_basis, u_proj): its subspace's rows
-        [V, k], at full rank (u_proj not stored) the head's own; a fit that tries ranks sets them and calls this again."""
+        """The LM head's rows for the priors and its screen from the calibration (u_basis, u_proj): its subspace's
+        rows [V, k], at full rank (u_proj not stored) the head's own; a fit that tries ranks sets them and calls this
+        again."""
         cal = self.cal
         if self.unembed is None and (cal.has_prior or cal.lens_w is not None):
             self.unembed = self.lm.unembedding_rows().float()
