@@ -3,7 +3,7 @@ the current code against an earlier commit's, on the same inputs, alternating in
 (medians) and whether the two Calibrations are identical, tensor for tensor. The pass runs once (the current code),
 its per-layer inputs captured.
 
-    python fit_ab.py MODE LAYERS COMMIT REPEATS        e.g. fast 1,15,30 8c6cf3e 3"""
+    python fit_ab.py MODE LAYERS COMMIT REPEATS [MODEL]        e.g. fast 1,15,30 8c6cf3e 3 (MODEL: smollm2)"""
 import statistics
 import sys
 import time
@@ -11,15 +11,15 @@ from dataclasses import fields
 
 import torch
 
-from common import module_before, smollm2
+from common import module_before
 from sipit.invert.learned import fit
 from sipit.invert.learned.config import calibration_config
-from sipit.models import LayerTap
+from sipit.models import LayerTap, load_model
 
 mode, layers, commit, repeats = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], sys.argv[3], int(sys.argv[4])
 before = module_before(commit, "fit")
 before.predictions = module_before(commit, "cache").predictions  # (the fit reads the cache module's)
-lm = smollm2()
+lm = load_model(sys.argv[5] if len(sys.argv) > 5 else "smollm2")
 
 
 def copied(args):
