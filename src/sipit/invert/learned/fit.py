@@ -42,7 +42,7 @@ from ...models.tap import LayerTap, position0_tables, run_taps
 from .cache import Calibration, cache_path, calibration_key, lens_fitted, load_cached, predictions, token_rows
 from .config import LearnedConfig
 from .data import calibration_ids, random_ids
-from .ranker import LinearRanker, position0_dots, position0_scores, squared_distances
+from .ranker import LinearRanker, position0_dots, position0_scores, squared_distances, squared_norms
 
 Observe = Callable[[Tensor], list[Tensor]]  # ids [B, S] -> one [B, S, d] state tensor per target
 VALIDATION_LEN = 20  # tokens per validation row
@@ -186,7 +186,7 @@ def first_token_rows(observe: Observe, first: Tensor, device, batch: int = 256) 
     for rows in states:
         rows = rows[:, 0].float()
         exact = rows.double()
-        D = squared_distances(exact, exact, exact.square().sum(1)).fill_diagonal_(float("inf"))  # [n, n]
+        D = squared_distances(exact, exact, squared_norms(exact)).fill_diagonal_(float("inf"))  # [n, n]
         out.append(dict(first_ids=first.to(device), first_rows=rows,
                         first_radius=(D.min(1).values.clamp_min(0).sqrt() / 2).float()))
     return out
@@ -334,16 +334,17 @@ def _screening(parts: dict, H: Tensor, ids: Tensor, cfg: LearnedConfig, tap) -> 
     gain, full = _best_gain(2 * r @ P.T, P_sq, truth, cfg.gains)  # ([n, V] scores, once for every gain)
     basis = _principal_basis(P, d).float()  # all directions, by decreasing variance
 
-    def screen(rank: int) -> dict:  # P's screen of a rank (float32 projections: the screen only orders candidates)
-        p_basis = basis[:, :rank].contiguous()
-        return dict(p_basis=p_basis, p_proj=P.float() @ p_basis)  # (as Calibration.load makes it)
+    def screen(rank: int) -> tuple[Tensor, Tensor]:  # P's screen of a rank: p_basis [d, rank], p_proj [V, rank]
+        p_basis = basis[:, :rank].contiguous()  # (float32 projections: the screen only orders candidates)
+        return p_basis, P.float() @ p_basis  # (as Calibration.load makes it)
 
     rank = min(cfg.screen_rank, d)
-    cal = Calibration(key="", gain=gain, seconds=0.0, **out, **screen(rank))
+    p_basis, p_proj = screen(rank)
+    cal = Calibration(key="", gain=gain, seconds=0.0, **out, p_basis=p_basis, p_proj=p_proj)
     ranker = _ranker(cal, tap, cfg)  # (one ranker for every rank tried: only its screen changes)
     while rank < d and float((ranker.screen(r) == full).float().mean()) < cfg.screen_agree:
         rank = min(2 * rank, d)
-        cal.p_basis, cal.p_proj = screen(rank).values()
+        cal.p_basis, cal.p_proj = screen(rank)
         ranker.use_screen()
     return cal
 
