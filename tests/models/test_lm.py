@@ -88,3 +88,48 @@ def test_logits_with_a_cache_step_by_step_equal_the_full_forward(tiny_lm):
     steps = torch.cat([tiny_lm.logits(ids[:, t:t + 1], cache) for t in range(6)], 1)
     assert torch.allclose(steps, full, atol=1e-5, rtol=1e-4)
     assert not torch.allclose(tiny_lm.logits(ids[:, 5:], tiny_lm.new_cache()), full[:, 5:], atol=1e-5, rtol=1e-4)
+
+
+ONE_KEY_ARCHS = {"llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {}, "gemma": {}, "gemma2": {},
+                 "gemma3_text": {"sliding_window": 4}}
+
+
+def _small(model_type: str):
+    """A 2-block random decoder of model_type (4 query heads on 2 key-value heads, so heads are shared)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from sipit.models.lm import LM
+
+    config = AutoConfig.for_model(model_type, vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                  **ONE_KEY_ARCHS.get(model_type, {}))
+    torch.manual_seed(0)
+    return LM(model_type, AutoModelForCausalLM.from_config(config).eval(), None)
+
+
+@pytest.mark.parametrize("model_type", [*ONE_KEY_ARCHS, "gpt2"])
+def test_one_token_sequences_skip_query_and_key_with_the_same_states(model_type, monkeypatch):
+    """Every token its own prompt (the position-0 table): run_layers skips attention's query products on the
+    architectures of ONE_KEY_ATTENTION, giving the same states bit for bit as the modules' own forward; GPT-2 (one
+    fused projection) runs as it is. A KV edit's cache handed in still goes through the module's own forward."""
+    from sipit.models import lm as lm_module
+    from sipit.models.edit import edit_kv
+    from sipit.models.tap import run_layers
+
+    lm = load_model("tiny-gpt2") if model_type == "gpt2" else _small(model_type)
+    ids = torch.arange(lm.vocab_size)[:, None]  # [V, 1]
+    layers = list(range(lm.n_layers + 1))
+    calls = []
+    for block in lm.blocks:
+        query = block.attn.c_attn if model_type == "gpt2" else block.self_attn.q_proj
+        query.register_forward_hook(lambda *_: calls.append(1))
+    fast = run_layers(lm, layers, ids=ids)
+    skipped = len(calls) == 0
+    monkeypatch.setattr(lm_module, "ONE_KEY_ATTENTION", set())  # every module's own forward
+    slow = run_layers(lm, layers, ids=ids)
+    monkeypatch.undo()
+    assert skipped == (model_type != "gpt2") and len(calls) > 0
+    assert all(torch.equal(a, b) for a, b in zip(fast, slow))
+    assert not any("forward" in getattr(block, "self_attn", block).__dict__ for block in lm.blocks)  # restored
+    with edit_kv(lm, 1, lambda k, v: (k, v * 2)):
+        assert not torch.equal(run_layers(lm, [1], ids=ids)[0], fast[1])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -20,7 +21,7 @@ import torch
 from torch import Tensor
 
 from .device import batch_for
-from .lm import LM
+from .lm import LM, one_token_attention
 
 
 class _Stop(Exception):
@@ -38,7 +39,9 @@ def run_layers(lm: LM, layers: list[int], *, ids: Tensor | None = None, embeds: 
 
     Runs blocks 0..max(layers)-1 only. With `cache` (a transformers Cache), the new tokens attend to
     it and it is updated in place for the blocks that run; attention_mask [B, cached + T] (1 = attend)
-    hides padding in a batched cache. Returns one [B, T, d] tensor per layer.
+    hides padding in a batched cache. One-token sequences without a cache or mask (each token its own prompt) skip
+    what attention to one key cannot change (lm.one_token_attention: the same states). Returns one [B, T, d]
+    tensor per layer.
     """
     wanted = sorted(set(layers))
     top = wanted[-1]
@@ -61,9 +64,11 @@ def run_layers(lm: LM, layers: list[int], *, ids: Tensor | None = None, embeds: 
             handles.append(lm.blocks[0].register_forward_pre_hook(block0_input, with_kwargs=True))
         else:
             handles.append(lm.blocks[layer - 1].register_forward_hook(block_output(layer), with_kwargs=True))
+    one_key = cache is None and attention_mask is None and (ids if ids is not None else embeds).shape[1] == 1
     try:
-        lm.run_base(cache, input_ids=ids, inputs_embeds=embeds, position_ids=position_ids,
-                    attention_mask=attention_mask)
+        with one_token_attention(lm) if one_key else nullcontext():
+            lm.run_base(cache, input_ids=ids, inputs_embeds=embeds, position_ids=position_ids,
+                        attention_mask=attention_mask)
     except _Stop:
         pass
     finally:
