@@ -102,7 +102,7 @@ def _small(model_type: str):
 
     config = AutoConfig.for_model(model_type, vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                  **ONE_KEY_ARCHS.get(model_type, {}))
+                                  **ONE_KEY_ARCHS[model_type])
     torch.manual_seed(0)
     return LM(model_type, AutoModelForCausalLM.from_config(config).eval(), None)
 
