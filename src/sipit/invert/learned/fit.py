@@ -263,19 +263,17 @@ def _table_subspace(table: Tensor, k: int) -> dict:
                 t_proj=torch.cat([c.double().sub_(mean) @ Q for c in table.split(16384)]).float())  # float64: the bounds' slack assumes one rounding
 
 
-def _position0_screen(p0: dict, E: Tensor, H0: Tensor, full: Tensor, cfg: LearnedConfig,
-                      gram: Tensor | None = None) -> dict:
+def _position0_screen(p0: dict, E: Tensor, H0: Tensor, full: Tensor, cfg: LearnedConfig, gram: Tensor) -> dict:
     """Fast mode: the principal subspace of the position-0 predictions p0_v = (e_v − mx0) A0 in which position 0 is
     screened (position0_scores), of the smallest rank of cfg.screen_rank, twice that, ... whose guesses agree with
     full scoring (full: its guesses [n], _position0_gain's) on ≥ cfg.screen_agree of the fresh position-0 states H0
     [n, d]; none (E read whole) where no rank up to d/2 does: a screen that reads more saves little beside its exact
     step (Gemma-3-270M: the fit kept 32 / 256 / 512 of 640 at layers 1 / 9 / 18, and 512 was no faster than the whole
     read: position0_screen_ab.txt).
-    p0: position0_models' fields with p0_sq and gain0; gram: _gram(E, p0's mx0) where made already.
+    p0: position0_models' fields with p0_sq and gain0; gram: _gram(E, p0's mx0), p0's Gram from it.
     -> {p0_basis [d, k0], p0_proj [V, k0], p0_proj_sq [V]} or {}"""
-    F, d = p0["A0"].shape
+    d = p0["A0"].shape[1]
     A0 = p0["A0"].double()  # p0's Gram from the centred embedding rows': no [V, d] made
-    gram = _gram(E, p0["mx0"][:F]) if gram is None else gram
     basis = torch.linalg.eigh(A0.T @ gram @ A0)[1].flip(1).float()  # [d, d]: by decreasing variance
     r0 = H0.float() @ p0["white0"] - p0["c0w"]
     rank = min(cfg.screen_rank, d)
@@ -448,8 +446,7 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig, observe_t
         for p, kept in zip(pos0, first_token_rows(observe_exact or observe, first, lm.device) if len(first) else []):
             p.update(kept)
         tables = [None] * len(pos0)
-        mx0 = pos0[0]["mx0"]  # (every target's position-0 model is fitted on the same embedding rows: one mean)
-        gram0 = _gram(E, mx0[:E.shape[1]]) if all(torch.equal(p["mx0"], mx0) for p in pos0) else None
+        gram0 = _gram(E, pos0[0]["mx0"][:E.shape[1]])  # (every target's model sees the same embedding rows: one mx0)
     else:
         tables = position0_tables(observe, lm.vocab_size, lm.device, desc=f"calibration {desc}")
     with_lens = [j for j, tap in enumerate(taps) if lens_fitted(tap, cfg)] if observe_to_last else []
@@ -477,7 +474,7 @@ def _calibration(tap, cfg: LearnedConfig, E: Tensor, model: dict, table: Tensor 
                  gram0: Tensor | None = None) -> Calibration:
     """One tap's Calibration after the pass: its predictions of every token from its forward model (model:
     _forward_models'), its position 0 from its table or (fast mode) its model (pos0: position0_models'; gram0: the
-    Gram of the embedding rows less its mx0, where made already), the gains and screening rank chosen on the
+    Gram of the embedding rows less its mx0), the gains and screening rank chosen on the
     validation rows (ids [n, S], states [n, S, d]) and the LM or lens prior's gate placed on the random-id rows
     (gate: the same)."""
     (val, H_val), (gate_ids, H_gate) = validation, gate
