@@ -269,4 +269,3 @@ def test_squared_norms_in_blocks_are_the_whole_products_and_leave_the_rows(dtype
     x = torch.randn(10_000, 7, generator=torch.Generator().manual_seed(0), dtype=dtype)
     kept = x.clone()
     assert torch.equal(squared_norms(x, block=4096), (x.double() ** 2).sum(1)) and torch.equal(x, kept)
-
