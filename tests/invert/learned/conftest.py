@@ -6,7 +6,8 @@ import pytest
 from sipit.invert.learned import LearnedConfig
 from sipit.models import load_model
 
-FAST = LearnedConfig(calibration_tokens=4096, validation_rows=8, gate_rows=16)
+FAST = LearnedConfig(calibration_tokens=4096, validation_rows=8, gate_rows=16, lens_rows=8)
+# (a lens of 8 rows: the default's 64 rows of 64 are all 4,096 tokens, more than LENS_SHARE of a tiny calibration)
 # fast mode on a 256-token vocabulary: half the position-0 states, states from a low-precision copy (as `fast()`)
 SAMPLED = replace(FAST, table_tokens=128, low_precision_states=True)
 

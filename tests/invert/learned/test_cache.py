@@ -10,7 +10,7 @@ from sipit.invert.learned import (Calibration, LearnedConfig, cache_path, calibr
                                   load_or_calibrate)
 from sipit.invert.learned.config import calibration_config
 from sipit.invert.learned import cache as cache_module
-from sipit.invert.learned.cache import lens_fitted
+from sipit.invert.learned.cache import LENS_SHARE, lens_fitted
 from sipit.invert.learned.ranker import LinearRanker, position0_scores
 from sipit.models import LayerTap, load_model
 
@@ -65,12 +65,14 @@ def test_a_load_with_max_layer_shares_the_whole_models_calibrations(cache, saved
     assert load_or_calibrate(LayerTap(whole, 4), FAST)[0].lens_w is None  # the last layer reads the LM head itself
 
 
-def test_a_lens_only_where_its_pass_costs_no_more_than_the_calibrations():
+def test_a_lens_only_where_its_pass_costs_no_more_than_a_share_of_the_calibrations():
     """The lens runs its rows through the blocks above the tap, the calibration its tokens and position-0 states
-    through those below. tiny-llama (4 blocks, V = 256), FAST: the lens on all 4,096 calibration tokens,
-    4,096 × (4 − ℓ) ≤ (4,096 + 256) × ℓ from layer 2 on; on 8 rows of 64, 512 × 3 ≤ 4,352 at layer 1 too."""
+    through those below. tiny-llama (4 blocks, V = 256), 4,096 calibration tokens: a lens of 64 rows of 64 (all
+    of them) costs 4,096 × (4 − ℓ), more than LENS_SHARE of (4,096 + 256) × ℓ below the last layer; on 8 rows,
+    512 × (4 − ℓ) ≤ 1,088 ℓ from layer 2 on; on 2 rows, 128 × 3 ≤ 1,088 at layer 1 too."""
+    assert LENS_SHARE == 0.25
     lm = load_model("tiny-llama")
-    for rows, layers in ((256, [2, 3]), (8, [1, 2, 3]), (0, [])):
+    for rows, layers in ((64, []), (8, [2, 3]), (2, [1, 2, 3]), (0, [])):
         config = dataclasses.replace(FAST, lens_rows=rows)
         assert [layer for layer in range(5) if lens_fitted(LayerTap(lm, layer), config)] == layers
 
@@ -94,17 +96,18 @@ def test_invert_config_calibration_tokens_reaches_the_learned_config():
 def test_default_key_unchanged_and_fast_mode_keyed_apart():
     """The default settings' part of the key is pinned (as computed with VERSION 10; VERSION 7 made P's screen begin
     scoring projected distances; screen_rank 16 and table_rank 32 since 2026-11-26; 9: a refit; 10: the head's screen rank chosen; sampled_fraction
-    since 2026-11-26 too, a refit of the full calibrations only: fast mode has none, and 0 stays out of the key):
+    since 2026-11-26 too, a refit of the full calibrations only: fast mode has none, and 0 stays out of the key;
+    lens_rows 64 since 2026-11-27, a refit of those with a lens):
     adding a setting must not orphan the cached calibrations; table_tokens (fast mode) gives another key."""
     default = ("{'calibration_tokens': 49152, 'seq_len': 64, 'random_fraction': 0.2, 'sampled_fraction': 0.3333333333333333, "
                "'ridge': 0.001, "
                "'screen_rank': 16, 'screen_top': 64, 'guess_top': 16, 'screen_agree': 0.999, 'table_rank': 32, "
                "'head_rank': 128, "
                "'gains': (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), 'validation_rows': 32, 'lm_weight': 5.0, 'gate_rows': 128, 'gate_margin': 1.0, "
-               "'lens_rows': 256}")
+               "'lens_rows': 64}")
     assert LearnedConfig().fit_key() == default and calibration_config("full") == LearnedConfig()
     lm = load_model("tiny-gpt2")
-    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-2134c8871d2f")
+    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-415f566e6176")
     fast = calibration_config("fast")
     assert fast.table_tokens == 4096 and fast.calibration_tokens == 16384 and "'first_tokens': 1024" in fast.fit_key()
     assert cache_path(LayerTap(lm, 2), fast) != cache_path(LayerTap(lm, 2), LearnedConfig())

@@ -177,21 +177,25 @@ def predictions(E: Tensor, mx: Tensor, A: Tensor, table: Tensor | None = None) -
     return P, sq.float()
 
 
+LENS_SHARE = 0.25  # of a calibration's own cost, the most its lens may add (lens_fitted)
+
+
 def lens_fitted(tap, config: LearnedConfig) -> bool:
     """Whether the tap's calibration gets a lens prior: plain states below the last layer of a model loaded
     whole (the lens reads the last layer) that has a tokenizer (text to fit it on; random:<arch> has none),
-    lens_rows > 0, and where the lens's pass (its rows through the blocks above the tap) costs no more than the
-    calibration's own (its tokens and position-0 states through the blocks below): low layers would pay most
-    of a calibration for it and gain little (SmolLM2, seed-5 bench prompts, wrong first guesses of 760 without →
-    with a lens, fast calibrations: layer 2 10 → 7, 4 22 → 21, 8 46 → 47, 15 64 → 60, 20 76 → 66; full: 8 26 → 22,
-    15 45 → 36). SmolLM2: layers ≥ 5 (full) and ≥ 14 (fast) of 30."""
+    lens_rows > 0, and where the lens's pass (its rows through the blocks above the tap) costs no more than
+    LENS_SHARE of the calibration's own (its tokens and position-0 states through the blocks below): low layers
+    would pay much of a calibration for it and gain little (SmolLM2, seed-5 bench prompts, wrong first guesses of
+    760 without → with a lens of 256 rows, fast calibrations: layer 2 10 → 7, 4 22 → 21, 8 46 → 47, 15 64 → 60,
+    20 76 → 66; full: 8 26 → 22, 15 45 → 36). SmolLM2: layers ≥ 5 (full) and ≥ 14 (fast) of 30, as when the lens
+    had 256 rows and the share was 1."""
     lm = tap.lm
     if not (config.lens_rows > 0 and getattr(tap, "plain_states", False) and lm.tokenizer is not None
             and tap.layer < lm.depth == lm.n_layers):
         return False
     tokens, sample = config.sizes(lm.d_model, lm.vocab_size)
     own = (tokens + (lm.vocab_size if sample is None else sample)) * tap.layer
-    return min(config.lens_rows * config.seq_len, tokens) * (lm.depth - tap.layer) <= own
+    return min(config.lens_rows * config.seq_len, tokens) * (lm.depth - tap.layer) <= LENS_SHARE * own
 
 
 def samples_fitted(lm, config: LearnedConfig) -> bool:

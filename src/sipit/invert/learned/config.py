@@ -50,8 +50,12 @@ class LearnedConfig:
     gate_rows: int = 128  # fresh random-id rows (20 tokens) placing the text/random gate ...
     gate_margin: float = 1.0  # ... this many nats above their 99th percentile of mean LM log-prob
     # --- lens prior (below the last layer, plain states only): the same weight, through a tuned lens
-    lens_rows: int = 256  # calibration rows whose last-layer states fit the lens (their blocks above the tap run
-    #                       once more); 0: no lens prior
+    lens_rows: int = 64  # calibration rows whose last-layer states fit the lens (their blocks above the tap run
+    #                      once more); 0: no lens prior. 64 fit about as well as 256 for a quarter of the pass
+    #                      (SmolLM2, wrong first guesses of 760 with 64 / 256 rows, fresh seeds: fast layer 15
+    #                      59 / 56, 67 / 68, 75 / 74 (no lens 66, 80, 85); fast layer 22 80 / 76, 79 / 78; full
+    #                      layer 15 25 / 24, 21 / 21; Gemma-3-270M fast layer 9 19 / 15, 15 / 19;
+    #                      docs/results/invert/lens_rows_ab.py), so cache.lens_fitted's LENS_SHARE is a quarter
     # --- runtime (ranker.py, policy.py); not part of the calibration's cache key
     max_anchors: int = 1024  # evaluated candidates kept per position for re-ranking
 
