@@ -253,3 +253,22 @@ def test_the_gain_is_the_one_whose_top_1_is_right_most_often_and_its_top_1_comes
     best, ids = _best_gain(S, P_sq, truth, gains)
     assert best == 0.7 and torch.equal(ids, top[0.7])
     assert _best_gain(S, P_sq, top[0.4], (0.4, 0.4 + 1e-9))[0] == 0.4 + 1e-9  # (a tie: the least shrinkage)
+
+
+def test_a_screen_agrees_where_its_pick_ties_with_full_scorings(lm, monkeypatch):
+    """Tokens with equal embedding rows get equal predictions and scores, and a screen need not rank them in full
+    scoring's order: the fit's rank search counts a tie as agreement. Here every token after the first 16 shares
+    the row of one of them, and every pick is turned into another token of its class: each still scores as well as
+    full scoring's, so the smallest rank tried is kept, at position 0 (fast mode) and after it."""
+    from sipit.invert.learned import fit as fit_module
+    from sipit.invert.learned.ranker import LinearRanker
+
+    model = lm.copy_in(lm.dtype)
+    E = model.embed.weight.data
+    E[16:] = E[torch.arange(16, lm.vocab_size) % 16]
+    other = lambda ids: ids % 16 + 16 * (1 + (ids // 16) % 2)  # another token of the same row: never itself
+    screen, scores = LinearRanker.screen, fit_module.position0_scores
+    monkeypatch.setattr(LinearRanker, "screen", lambda self, r: other(screen(self, r)))
+    monkeypatch.setattr(fit_module, "position0_scores", lambda *a: (other(scores(*a)[0]), *scores(*a)[1:]))
+    cal = calibrate(LayerTap(model, 1), replace(SAMPLED, screen_rank=4))
+    assert cal.p_basis.shape[1] == 4 and cal.p0_basis is not None and cal.p0_basis.shape[1] == 4
