@@ -268,7 +268,12 @@ def test_a_screen_agrees_where_its_pick_ties_with_full_scorings(lm, monkeypatch)
     E[16:] = E[torch.arange(16, lm.vocab_size) % 16]
     other = lambda ids: ids % 16 + 16 * (1 + (ids // 16) % 2)  # another token of the same row: never itself
     screen, scores = LinearRanker.screen, fit_module.position0_scores
+
+    def swapped_position0(*args):
+        ids, *rest = scores(*args)
+        return (other(ids), *rest)
+
     monkeypatch.setattr(LinearRanker, "screen", lambda self, r: other(screen(self, r)))
-    monkeypatch.setattr(fit_module, "position0_scores", lambda *a: (other(scores(*a)[0]), *scores(*a)[1:]))
+    monkeypatch.setattr(fit_module, "position0_scores", swapped_position0)
     cal = calibrate(LayerTap(model, 1), replace(SAMPLED, screen_rank=4))
     assert cal.p_basis.shape[1] == 4 and cal.p0_basis is not None and cal.p0_basis.shape[1] == 4
