@@ -42,7 +42,7 @@ from ...models.tap import LayerTap, position0_tables, run_taps
 from .cache import Calibration, cache_path, calibration_key, lens_fitted, load_cached, predictions, token_rows
 from .config import LearnedConfig
 from .data import calibration_ids, random_ids
-from .ranker import LinearRanker, position0_dots, position0_scores, squared_distances, squared_norms
+from .ranker import LinearRanker, position0_dots, position0_exact, position0_scores, squared_distances, squared_norms
 
 Observe = Callable[[Tensor], list[Tensor]]  # ids [B, S] -> one [B, S, d] state tensor per target
 VALIDATION_LEN = 20  # tokens per validation row
@@ -276,8 +276,7 @@ def _position0_screen(p0: dict, E: Tensor, H0: Tensor, full: Tensor, cfg: Learne
     A0 = p0["A0"].double()  # p0's Gram from the centred embedding rows': no [V, d] made
     basis = torch.linalg.eigh(A0.T @ gram @ A0)[1].flip(1).float()  # [d, d]: by decreasing variance
     r0 = H0.float() @ p0["white0"] - p0["c0w"]
-    q, mx0 = r0 @ p0["A0"].T, p0["mx0"][:E.shape[1]].float()  # (r0·p0_v = q·(e_v − mx0), as position0_dots)
-    scores = lambda ids: 2 * (q * (E[ids] - mx0)).sum(1) - p0["gain0"] * p0["p0_sq"][ids]  # exact, [n]
+    scores = lambda ids: position0_exact(r0, SimpleNamespace(**p0), E, ids[:, None])[:, 0]  # exact, [n]
     rank = min(cfg.screen_rank, d)
     while rank <= d // 2:
         U = basis[:, :rank].contiguous()
@@ -350,7 +349,7 @@ def _screening(parts: dict, H: Tensor, ids: Tensor, cfg: LearnedConfig, tap) -> 
     p_basis, p_proj = screen(rank)
     cal = Calibration(key="", gain=gain, seconds=0.0, **out, p_basis=p_basis, p_proj=p_proj)
     ranker = _ranker(cal, tap, cfg)  # (one ranker for every rank tried: only its screen changes)
-    scores = lambda ids: 2 * (r * P[ids]).sum(1) - gain * P_sq[ids]  # exact, [n]
+    scores = lambda ids: ranker.exact_scores(ids[:, None], r, gain)[:, 0]  # exact, [n]
     while rank < d and _agreement(ranker.screen(r), full, scores) < cfg.screen_agree:
         rank = min(2 * rank, d)
         cal.p_basis, cal.p_proj = screen(rank)

@@ -91,12 +91,18 @@ def position0_scores(r0: Tensor, cal: Calibration, E: Tensor, m: int) -> tuple[T
         return score.argmax(1), score.neg_()
     key = against(r0 @ cal.p0_basis, cal.p0_proj).mul_(-2).add_(cal.p0_proj_sq, alpha=cal.gain0)  # [B, V]: −screened
     top = top_rows(key, min(m, key.shape[1]), largest=False)  # [B, m]
-    F = cal.A0.shape[0]
-    rows = (E.index_select(0, top.flatten()) - cal.mx0[:F].float()).view(*top.shape, F) @ cal.A0  # [B, m, d]
-    exact = 2 * (rows @ r0[:, :, None])[..., 0] - cal.gain0 * cal.p0_sq[top]  # [B, m]
+    exact = position0_exact(r0, cal, E, top)
     order = top.gather(1, exact.sort(dim=1, descending=True, stable=True).indices)  # [B, m]: best first
     first = key.min(1, keepdim=True).values - len(order[0]) + torch.arange(len(order[0]), device=key.device)
     return order[:, 0], key.scatter_(1, order, first)  # (the m best before every other token)
+
+
+def position0_exact(r0: Tensor, cal, E: Tensor, top: Tensor) -> Tensor:
+    """Fast mode, position 0: 2 r0·p0_v − gain0‖p0_v‖² exactly, from their embedding rows, for the tokens top [B, m]
+    of residuals r0 [B, d] (cal: A0, mx0, gain0, p0_sq). [B, m]"""
+    F = cal.A0.shape[0]
+    rows = (E.index_select(0, top.flatten()) - cal.mx0[:F].float()).view(*top.shape, F) @ cal.A0  # [B, m, d]
+    return 2 * (rows @ r0[:, :, None])[..., 0] - cal.gain0 * cal.p0_sq[top]
 
 
 def squared_norms(rows: Tensor, block: int = 4096) -> Tensor:
@@ -283,7 +289,7 @@ class LinearRanker:
         x = torch.cat([*parts, x.new_full((len(x), 2), -1.0), shift], 1)
         return against(x.to(self.low), table)
 
-    def _exact(self, top: Tensor, r: Tensor, g) -> Tensor:
+    def exact_scores(self, top: Tensor, r: Tensor, g) -> Tensor:
         """2 r·P_v − g‖P_v‖², exactly, for the candidates top [n, m] of residuals r [n, d] (g: a float or [n, 1]). [n, m]"""
         return 2 * row_dots(self.cal.P, top, r) - g * self.cal.P_sq[top]
 
@@ -310,7 +316,7 @@ class LinearRanker:
         if approx is None:
             approx = self._biased_screen([r @ c.p_basis], self.screen_table)  # [n, V]
         top = top_rows(approx, m)  # [n, m]
-        exact = self._exact(top, r, self.gain)  # [n, m]
+        exact = self.exact_scores(top, r, self.gain)  # [n, m]
         best = exact.sort(dim=1, descending=True, stable=True)
         return top.gather(1, best.indices), best.values
 
@@ -373,7 +379,7 @@ class LinearRanker:
         """Top-1 of the candidates best [n, m] by 2 × log-likelihood −‖r − g·P_v‖², + w · log p_LM(v) where the
         normed previous states n [n, d] are given (the LM prior), exactly: residuals r [n, d] -> ids [n]"""
         g = self.gain
-        exact = g * self._exact(best, r, g)
+        exact = g * self.exact_scores(best, r, g)
         if n is not None:
             exact += 2 * self.cal.lm_weight * row_dots(self.unembed, best, n)
         return best.gather(1, exact.argmax(1, keepdim=True))[:, 0]
@@ -496,7 +502,7 @@ class LinearRanker:
         m = min(exact_top or EXACT_TOP, dots.shape[1])
         top = top_rows(dots - g * g * self.p_sq, m)  # [n, m]
         s = dots.sub_(g * g * c.P_sq)
-        exact = g * self._exact(top, Y, g)
+        exact = g * self.exact_scores(top, Y, g)
         return s.scatter_(1, top, exact)
 
     def ranking(self, target: Tensor, t: int, prior: bool, sizes, anchors, prefix_lm=lambda: None, first=None):
