@@ -216,6 +216,33 @@ def test_qwen_parity():
     check_parity(lm, "def add(a, b):\n    return a + b")
 
 
+@pytest.mark.smollm2
+def test_fast_gguf_reading_parses_what_transformers_parses(monkeypatch):
+    """_gguf_read_once's plain-array reader and string decoding: every field and tensor of SmolLM2's GGUF, and
+    transformers' whole parse of it (config and tokenizer: 49k tokens, 48k merges), the same as without them."""
+    import gguf
+    import numpy as np
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf
+
+    path, saved = str(load._embedded_gguf("smollm2")), (gguf.GGUFReader, hf_gguf._gguf_parse_value)
+    with load._gguf_read_once():
+        fast = gguf.GGUFReader(path)
+        assert type(fast.data) is np.ndarray and gguf.GGUFReader(path) is fast  # (read once)
+        parsed = hf_gguf.load_gguf_checkpoint(path, return_tensors=False)
+    assert (gguf.GGUFReader, hf_gguf._gguf_parse_value) == saved
+    plain = gguf.GGUFReader(path)
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *args, **kwargs: plain)  # (transformers' parse reads it once)
+    assert hf_gguf.load_gguf_checkpoint(path, return_tensors=False) == parsed
+    assert list(fast.fields) == list(plain.fields) and len(parsed["tokenizer"]["tokens"]) == 49152
+    for name, field in plain.fields.items():
+        other = fast.fields[name]
+        assert other.types == field.types and other.data == field.data
+        assert all(np.array_equal(a, b) for a, b in zip(other.parts, field.parts, strict=True))
+    for a, b in zip(fast.tensors, plain.tensors, strict=True):
+        assert (a.name, a.tensor_type, list(a.shape)) == (b.name, b.tensor_type, list(b.shape))
+        assert np.array_equal(a.data, b.data)
+
+
 def test_stale_dequantized_copies_are_those_whose_gguf_changed(tmp_path, monkeypatch):
     monkeypatch.setenv("SIPIT_CACHE", str(tmp_path / "cache"))
     root = tmp_path / "cache" / "dequantized"

@@ -218,30 +218,50 @@ def stale_dequantized(unfinished_after: float = 3600.0) -> list[Path]:
 
 @contextmanager
 def _gguf_read_once():
-    """While dequantizing: one `gguf` reader per file and one tensor-name map per (arch, depth).
+    """While dequantizing: one `gguf` reader per file, on a plain array, one tensor-name map per (arch, depth), and
+    strings decoded in one call.
 
-    transformers parses the GGUF file three times (config, weights, tokenizer: ~5 s each for
-    SmolLM2's 49k-token vocabulary) and rebuilds gguf's tensor-name map for every module (397
-    times, ~7 s): two thirds of a 27 s first load. Both are pure functions of their arguments, and
-    transformers imports them from `gguf` at call time, so memoizing them there changes nothing else."""
+    transformers parses the GGUF file three times (config, weights, tokenizer) and rebuilds gguf's tensor-name map
+    for every module (397 times, ~7 s). The reader walks SmolLM2's 49k-token vocabulary and 48k merges a few bytes
+    at a time, each slice of a numpy memmap paying that subclass's bookkeeping (6.0 s; 2.0 s on a plain ndarray view
+    of the same map), and transformers decodes each string as array("B", list(bytes)) (~2 s per parse; bytes.decode
+    ~4x faster). All are pure functions of their arguments, and transformers imports them at call time (the
+    parser from its own module), so replacing them there changes nothing else: tests/models/test_load.py."""
     import functools
 
     import gguf
+    import numpy as np
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf
 
-    saved = gguf.GGUFReader, gguf.get_tensor_name_map
+    class PlainReader(gguf.GGUFReader):
+        @property
+        def data(self):
+            return self._plain
+
+        @data.setter
+        def data(self, memmap):  # (GGUFReader.__init__ sets it to np.memmap(path))
+            self._plain = memmap.view(np.ndarray)
+
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map, hf_gguf._gguf_parse_value
     readers: dict = {}
 
     def reader(path, mode="r"):
         key = (str(Path(path).resolve()), mode)
         if key not in readers:
-            readers[key] = saved[0](path, mode)
+            readers[key] = PlainReader(path, mode)
         return readers[key]
 
+    def parse_value(value, types):
+        if types in ([8], [9, 8]):  # a string, or an element of an array of strings: uint8 [n]
+            return value.tobytes().decode()
+        return saved[2](value, types)
+
     gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(saved[1])
+    hf_gguf._gguf_parse_value = parse_value
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = saved
+        gguf.GGUFReader, gguf.get_tensor_name_map, hf_gguf._gguf_parse_value = saved
 
 
 def _check_hf_spec(spec: str):
