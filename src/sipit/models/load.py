@@ -177,12 +177,14 @@ def dequantized(path: Path) -> Path:
             tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as e:  # transformers raises many kinds here
         raise ModelError(f"cannot read GGUF file {path}: {e}") from e
-    # A GGUF-loaded model refuses save_pretrained: copy its weights into a plain model.
+    # A GGUF-loaded model refuses save_pretrained: its weights go into a plain model, made on the meta device
+    # (no memory, no random init: 2.5 of SmolLM2's 13.7 s) and given the tensors themselves (assign).
     config = qmodel.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(qmodel.state_dict())
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(qmodel.state_dict(), assign=True)
     del qmodel
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=cached.parent))
