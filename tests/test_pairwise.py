@@ -6,8 +6,6 @@ import torch
 
 from sipit.collisions.pairwise import min_pairwise
 
-torch.set_num_threads(1)
-
 
 def hidden_like(n, d, seed):
     """Float32 rows of norm ~400 dominated by a common offset, like real hidden states."""

@@ -1,11 +1,7 @@
 """sipit reproduce: the four tables, on a tiny model with tiny caps."""
 import json
 
-import torch
-
 from sipit.reproduce import ReproduceConfig, layerwise_table, run
-
-torch.set_num_threads(1)
 
 
 def test_layerwise_table_renders_a_collisions_run(tmp_path):

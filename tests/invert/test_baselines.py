@@ -9,8 +9,6 @@ from sipit.invert.baselines import HardPromptsConfig, bruteforce, hardprompts
 from sipit.invert.driver import bruteforce_config
 from sipit.models import LayerTap, load_model
 
-torch.set_num_threads(1)
-
 TEXT = ["The cat sat on the mat.", "def f(x): return x"]
 
 

@@ -5,8 +5,6 @@ import torch
 from sipit.invert import GradientConfig, InvertConfig, invert
 from sipit.models import LayerTap, load_model
 
-torch.set_num_threads(1)
-
 FAST = dict(calibration_tokens=8192, gradient=GradientConfig(steps=40))
 
 

@@ -6,8 +6,6 @@ import torch
 from sipit.cli import main
 from sipit.invert.robust import RobustConfig, add_noise, run
 
-torch.set_num_threads(1)
-
 TEXT = ["The cat sat on the mat.", "def f(x):\n    return x", "Hello world, how are you?"]
 
 

@@ -20,8 +20,6 @@ from sipit.invert.sipit import NEAR
 from sipit.invert.verify import DuplicateClasses
 from sipit.models import LayerTap, load_model, tiny_model
 
-torch.set_num_threads(1)
-
 TEXT = ["def f(x):\n    return x", "The cat sat on the mat."]
 FAST = dict(calibration_tokens=8192, gradient=GradientConfig(steps=40))
 

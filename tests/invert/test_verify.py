@@ -9,8 +9,6 @@ from sipit.invert.eps import FACTOR, measure_noise, noise_profile, tolerance_for
 from sipit.invert.verify import DuplicateClasses, duplicate_classes, near_duplicates, near_neighbours
 from sipit.models import LayerTap, load_model, tiny_model
 
-torch.set_num_threads(1)
-
 
 def test_rel_distance_and_tolerance():
     x = torch.randn(4, 8) * 1e3

@@ -15,8 +15,6 @@ from sipit.lab.guarantee import Inverted
 from sipit.lab.models import last_token_states
 from sipit.models.tap import run_layers
 
-torch.set_num_threads(1)
-
 V, K = 4, 4  # 340 prompts, 57,630 pairs
 SMALL = LabModel(vocab=V, context=K)
 
