@@ -6,7 +6,7 @@ import torch
 
 from sipit.invert import InvertConfig, eps, invert, rel_distance, tolerance, verify
 from sipit.invert.eps import FACTOR, measure_noise, noise_profile, tolerance_for
-from sipit.invert.verify import DuplicateClasses, duplicate_classes, near_duplicates, near_neighbours
+from sipit.invert.verify import NEAR_REL, DuplicateClasses, duplicate_classes, near_duplicates, near_neighbours
 from sipit.models import LayerTap, load_model, tiny_model
 
 
@@ -29,6 +29,38 @@ def test_near_neighbours_finds_planted_rows_and_nothing_else():
     assert near == {3: [7], 7: [3]}
     brute = (torch.cdist(E.double(), E.double()) <= 1e-2 * E.double().norm(dim=1)[:, None]).sum() - 300 - 2
     assert brute == 2  # (5, 11) both ways: the duplicates, excluded above
+
+
+def test_pruning_a_projections_survivors_keeps_every_near_pair(monkeypatch):
+    """Rows of one norm (as Gemma-3's), pairs planted at relative distances about the radius: with the float32
+    product pruning every block's survivors (_close_rows), the same lists as a brute-force float64 search; the
+    product alone keeps few pairs besides each row's own."""
+    g = torch.Generator().manual_seed(1)
+    E = torch.nn.functional.normalize(torch.randn(1500, 64, generator=g, dtype=torch.float64), dim=1).float()
+    def plant(k: int, d: float, edge: bool = False) -> None:  # row 700 + k at relative distance d from row k
+        step = torch.randn(64, generator=g, dtype=torch.float64)
+        step = d * step / step.norm() * E[k].double().norm()
+        lo, hi = 0.99, 1.0
+        for _ in range(60 if edge else 0):  # (edge: once rounded to float32, within 1e-6 of the radius, inside)
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if (E[k].double() - (E[k].double() + mid * step).float().double()).norm() \
+                <= NEAR_REL * E[k].double().norm() else (lo, mid)
+        E[700 + k] = (E[k].double() + (lo if edge else 1) * step).float()
+
+    for k, d in enumerate([0.002, 0.0099, 0.0101, 0.02]):
+        plant(k, d)
+    for k in range(4, 12):
+        plant(k, NEAR_REL, edge=True)
+    X = E.double()
+    dist = torch.cdist(X, X)
+    within = (dist <= NEAR_REL * X.norm(dim=1)[:, None]) & ~torch.eye(len(X), dtype=torch.bool)
+    brute = {u: sorted(within[u].nonzero()[:, 0].tolist(), key=lambda v: float(dist[u, v]))
+             for u in range(len(X)) if within[u].any()}
+    assert [u for u in brute if u < 700] == [0, 1, *range(4, 12)] and all(brute[u] == [700 + u] for u in brute if u < 700)
+    monkeypatch.setattr(verify, "PRUNE_ABOVE", -1)  # (prune every block)
+    assert near_neighbours(E, DuplicateClasses(E)) == brute
+    close = verify._close_rows(X - X.mean(0), NEAR_REL * X.norm(dim=1))(slice(0, len(X)), 0, len(X))
+    assert len(X) + 20 <= int(close.sum()) <= len(X) + 40  # (the 10 near pairs both ways, and a few)
 
 
 def test_caches_are_keyed_by_the_weights_fingerprint():

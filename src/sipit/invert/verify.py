@@ -99,7 +99,10 @@ def near_neighbours(embeddings: Tensor, dups: DuplicateClasses, rel: float = NEA
     Sound screen: project the (centred) rows onto their principal axes (an orthogonal projection
     never increases a distance); sorted by the first coordinate, a row's partners lie in a window
     of ±radius, so each block of rows is compared only with its window, in float64; survivors are
-    checked exactly. embeddings [V, d]; ~V × (mean window) work, a few seconds for V = 49,152.
+    checked exactly. Where many survive the projection (Gemma-3's rows all have one norm: 2·10⁷ pairs, whose
+    exact check made this 253 s of its first inversion), a float32 product over every dimension prunes them first
+    (_close_rows: 77.7 s, the same lists; docs/results/invert/near_neighbours_ab.py). embeddings [V, d];
+    ~V × (mean window) work, 1.7 s for SmolLM2's V = 49,152.
     """
     # one row per duplicate class: Gemma-3 has classes of thousands of identical rows, whose pairs
     # (all inside one class, never near-duplicates) would otherwise fill the screen (100+ GB)
@@ -113,17 +116,24 @@ def near_neighbours(embeddings: Tensor, dups: DuplicateClasses, rel: float = NEA
     Ps, rs, first = P[order], radius[order] * (1 + 1e-9), P[order, 0]
     lo = torch.searchsorted(first, first - rs)
     hi = torch.searchsorted(first, first + rs, right=True)
-    pairs = []
+    close, pairs = None, []
     for start in range(0, len(E), 512):
         rows = slice(start, start + 512)
         a0, b0 = int(lo[rows].min()), int(hi[rows].max())
-        i, j = (torch.cdist(Ps[rows], Ps[a0:b0]) <= rs[rows, None]).nonzero().unbind(1)
+        kept = torch.cdist(Ps[rows], Ps[a0:b0]) <= rs[rows, None]  # [n, W]
+        if kept.sum() > PRUNE_ABOVE * kept.shape[0]:
+            close = close or _close_rows(E[order], rs)
+            kept &= close(rows, a0, b0)
+        i, j = kept.nonzero().unbind(1)
         a, b = order[start + i], order[a0 + j]
-        for c in range(0, len(a), 1 << 16):  # exact check of the survivors, in chunks (Gemma: 2·10⁷ of them)
+        a, b = a[a != b], b[a != b]  # (every row is kept with itself)
+        for c in range(0, len(a), 1 << 16):  # exact check of the survivors, in chunks (bounds the memory)
             ac, bc = a[c:c + (1 << 16)], b[c:c + (1 << 16)]
             dist = (E[ac] - E[bc]).norm(dim=1)
-            near = (dist <= radius[ac]) & (ac != bc)
+            near = dist <= radius[ac]
             pairs.append((ac[near], bc[near], dist[near]))
+    if not pairs:
+        return {}
     a, b, dist = (torch.cat(x) for x in zip(*pairs))
     out: dict[int, list] = {}
     for u, v, dv in zip(reps[a].tolist(), reps[b].tolist(), dist.tolist()):
@@ -133,6 +143,29 @@ def near_neighbours(embeddings: Tensor, dups: DuplicateClasses, rel: float = NEA
         if u != r and r in out:
             out[u] = out[r]
     return out
+
+
+PRUNE_ABOVE = 64  # survivors of the projection a row, on average over a block, above which _close_rows prunes them
+
+
+def _close_rows(rows: Tensor, radius: Tensor):
+    """rows [R, d] float64 and their radii [R] -> close(block, a0, b0): [n, b0 − a0] bool, True wherever
+    ‖rows[i] − rows[j]‖ ≤ radius[i] may hold (i in the slice `block`, j in a0..b0 − 1), from one float32 product
+    ‖x‖² + ‖y‖² − 2x·y, sound: with u the float32 rounding, rows within the radius are within r_x + u(‖x‖ + ‖y‖) once
+    rounded, so their squared distance is at most 2(r_x + u‖x‖)² + 2u²‖y‖², computed to within c(‖x‖² + ‖y‖²),
+    c = 2γ_{d+4} (γ_n = nu/(1 − nu): the product's accumulated rounding, ≤ γ_d‖x‖‖y‖ twice, the few roundings around
+    it and the norms', with room to spare); split into a term per column, in the product, and one per row."""
+    low, norm = rows.float(), rows.norm(dim=1)  # [R, d] float32, [R] float64
+    sq = low.double().square().sum(1)  # [R]: of the float32 rows
+    u = UNIT_ROUNDOFF[torch.float32]
+    n = (rows.shape[1] + 4) * u
+    c = 2 * n / (1 - n)
+    column = (sq - (2 * u * u + c) * norm.square()).float()  # [R]
+    row = (2 * (radius + u * norm).square() + c * norm.square() - sq).float()  # [R]
+
+    def close(block: slice, a0: int, b0: int) -> Tensor:
+        return torch.addmm(column[None, a0:b0], low[block], low[a0:b0].T, alpha=-2) <= row[block, None]
+    return close
 
 
 _CACHE: dict[tuple[str, str], object] = {}
