@@ -30,6 +30,7 @@ UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfl
                  torch.float64: 2.0 ** -53}
 NEAR_REL = 1e-2  # embedding rows closer than this (relative) are near-duplicates, checked at every position
 NEAR_MAX = 64  # near-duplicates kept per token (the closest)
+PRUNE_ABOVE = 64  # survivors of near_neighbours' projection a row (over a block) above which _close_rows prunes them
 
 
 def tolerance(dtype: torch.dtype, eps0: float) -> float:
@@ -102,7 +103,7 @@ def near_neighbours(embeddings: Tensor, dups: DuplicateClasses, rel: float = NEA
     checked exactly. Where many survive the projection (Gemma-3's rows all have one norm: 2·10⁷ pairs, whose
     exact check made this 253 s of its first inversion), a float32 product over every dimension prunes them first
     (_close_rows: 77.7 s, the same lists; docs/results/invert/near_neighbours_ab.py). embeddings [V, d];
-    ~V × (mean window) work, 1.7 s for SmolLM2's V = 49,152.
+    ~V × (mean window) work, 1.8 s for SmolLM2's V = 49,152.
     """
     # one row per duplicate class: Gemma-3 has classes of thousands of identical rows, whose pairs
     # (all inside one class, never near-duplicates) would otherwise fill the screen (100+ GB)
@@ -143,9 +144,6 @@ def near_neighbours(embeddings: Tensor, dups: DuplicateClasses, rel: float = NEA
         if u != r and r in out:
             out[u] = out[r]
     return out
-
-
-PRUNE_ABOVE = 64  # survivors of the projection a row, on average over a block, above which _close_rows prunes them
 
 
 def _close_rows(rows: Tensor, radius: Tensor):
