@@ -37,6 +37,7 @@ def test_pruning_a_projections_survivors_keeps_every_near_pair(monkeypatch):
     product alone keeps few pairs besides each row's own."""
     g = torch.Generator().manual_seed(1)
     E = torch.nn.functional.normalize(torch.randn(1500, 64, generator=g, dtype=torch.float64), dim=1).float()
+
     def plant(k: int, d: float, edge: bool = False) -> None:  # row 700 + k at relative distance d from row k
         step = torch.randn(64, generator=g, dtype=torch.float64)
         step = d * step / step.norm() * E[k].double().norm()
