@@ -18,7 +18,7 @@ cfg, cal = LearnedConfig(), rk.cal
 val = calibration_ids(lm, cfg.validation_rows * cfg.seq_len, cfg.seq_len, cfg.random_fraction, seed=1)
 val = val[:, :fit.VALIDATION_LEN]
 H = tap.states(val).float()
-r = (H[:, 1:] @ cal.white - H[:, :-1] @ cal.Bw - cal.cw).reshape(-1, cal.P.shape[1])
+r = rk.context_residuals(*H)  # [32 · 19, d]
 truth = val[:, 1:].reshape(-1)
 S = 2 * r @ cal.P.T - cal.gain * cal.P_sq
 full = S.argmax(1)
