@@ -94,8 +94,8 @@ def test_invert_config_calibration_tokens_reaches_the_learned_config():
 
 
 def test_default_key_unchanged_and_fast_mode_keyed_apart():
-    """The default settings' part of the key is pinned (as computed with VERSION 11; VERSION 7 made P's screen begin
-    scoring projected distances; screen_rank 16 and table_rank 32 since 2026-11-26; 9: a refit; 10: the head's screen rank chosen; 11: ties agree; sampled_fraction
+    """The default settings' part of the key is pinned (as computed with VERSION 12; VERSION 7 made P's screen begin
+    scoring projected distances; screen_rank 16 and table_rank 32 since 2026-11-26; 9: a refit; 10: the head's screen rank chosen; 11: ties agree; 12: judged where full scoring is right; sampled_fraction
     since 2026-11-26 too, a refit of the full calibrations only: fast mode has none, and 0 stays out of the key;
     lens_rows 64 since 2026-11-27, a refit of those with a lens):
     adding a setting must not orphan the cached calibrations; table_tokens (fast mode) gives another key."""
@@ -107,7 +107,7 @@ def test_default_key_unchanged_and_fast_mode_keyed_apart():
                "'lens_rows': 64}")
     assert LearnedConfig().fit_key() == default and calibration_config("full") == LearnedConfig()
     lm = load_model("tiny-gpt2")
-    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-ae12116c5637")
+    assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-3da076ca45cb")
     fast = calibration_config("fast")
     assert fast.table_tokens == 4096 and fast.calibration_tokens == 16384 and "'first_tokens': 1024" in fast.fit_key()
     assert cache_path(LayerTap(lm, 2), fast) != cache_path(LayerTap(lm, 2), LearnedConfig())

@@ -255,6 +255,21 @@ def test_the_gain_is_the_one_whose_top_1_is_right_most_often_and_its_top_1_comes
     assert _best_gain(S, P_sq, top[0.4], (0.4, 0.4 + 1e-9))[0] == 0.4 + 1e-9  # (a tie: the least shrinkage)
 
 
+def test_a_screen_is_judged_only_where_full_scoring_is_right():
+    """The rank search counts against a screen the positions where full scoring picks the truth and the screen's
+    pick scores lower; where full scoring is wrong the position costs a pass whatever the screen picks (SmolLM2's
+    fast layer 15: one such position made the fit take rank 256 where 32 lost no right guess)."""
+    from sipit.invert.learned.fit import _agreement
+
+    score = torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0])  # each token's exact score (the same at every position here)
+    scores = lambda ids: score[ids]
+    truth, full = torch.tensor([0, 1, 2, 3]), torch.tensor([0, 0, 2, 3])  # full scoring wrong at position 1 only
+    assert _agreement(torch.tensor([0, 4, 2, 3]), full, truth, scores) == 1  # worse there: no matter
+    assert _agreement(torch.tensor([0, 1, 2, 3]), full, truth, scores) == 1  # the truth there, scoring lower
+    assert _agreement(torch.tensor([0, 0, 4, 3]), full, truth, scores) == 0.75  # worse where full scoring is right
+    assert _agreement(torch.tensor([1, 0, 2, 3]), full, truth, scores) == 0.75
+
+
 def test_a_screen_agrees_where_its_pick_ties_with_full_scorings(lm, monkeypatch):
     """Tokens with equal embedding rows get equal predictions and scores, and a screen need not rank them in full
     scoring's order: the fit's rank search counts a tie as agreement. Here every token after the first 16 shares

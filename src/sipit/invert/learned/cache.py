@@ -21,12 +21,13 @@ from ...models.load import cache_dir
 from .config import LearnedConfig
 from .data import samples_possible
 
-VERSION = 11  # bump whenever what is fitted, stored or keyed changes (6: the lens prior below the last layer; 7: P's
+VERSION = 12  # bump whenever what is fitted, stored or keyed changes (6: the lens prior below the last layer; 7: P's
 #             screen scores projected distances, so its rank is chosen anew; the table subspace keeps 64 columns;
 #             8: the lens gate read from the screen's 64 best again; 9: refit, as a fit of this code chooses
 #             SmolLM2 layer 1's screening rank 16 where the cached one under 8's key, fitted at 5e97427, has 32;
 #             10: the LM head's screen rank chosen on the validation rows; 11: a screen's pick that ties with
-#             full scoring's agrees with it, so a rank chosen higher for a tie is chosen anew)
+#             full scoring's agrees with it, so a rank chosen higher for a tie is chosen anew; 12: a screen judged
+#             only where full scoring is right, so a rank chosen higher for full scoring's own miss is chosen anew)
 
 
 @dataclass

@@ -35,8 +35,9 @@ class LearnedConfig:
     #                      SmolLM2, the bench prompts of seeds 59 / 61 / 67, against 64: layer 30 wrong first guesses
     #                      181 / 183 / 206 vs 181 / 183 / 207, 10.9-12.0 vs 12.4-12.9 ms a prompt; layer 1 none wrong,
     #                      1.2 vs 1.9 ms
-    screen_agree: float = 0.999  # a rank is kept once its top-1 agrees with full scoring this often (a miss costs
-    #                              a pass; SmolLM2's 608 validation positions: every one)
+    screen_agree: float = 0.999  # a rank is kept once its top-1 does as well as full scoring's this often, where that
+    #                              is right (fit._agreement; a miss costs a pass; SmolLM2's 608 validation positions:
+    #                              every one)
     table_rank: int = 32  # columns of the position-0 table's principal subspace (its screen and certified bounds;
     #                       SmolLM2: half of 128 read 1.04 -> 0.42 ms a prompt, 32 another 0.2-0.3 ms; the bounds
     #                       still exclude every token but the truth at layers 1 / 15 / 30, fresh seed 149: the

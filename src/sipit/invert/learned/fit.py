@@ -263,11 +263,12 @@ def _table_subspace(table: Tensor, k: int) -> dict:
                 t_proj=torch.cat([c.double().sub_(mean) @ Q for c in table.split(16384)]).float())  # float64: the bounds' slack assumes one rounding
 
 
-def _position0_screen(p0: dict, E: Tensor, H0: Tensor, full: Tensor, cfg: LearnedConfig, gram: Tensor) -> dict:
+def _position0_screen(p0: dict, E: Tensor, H0: Tensor, full: Tensor, truth: Tensor, cfg: LearnedConfig,
+                      gram: Tensor) -> dict:
     """Fast mode: the principal subspace of the position-0 predictions p0_v = (e_v − mx0) A0 in which position 0 is
     screened (position0_scores), of the smallest rank of cfg.screen_rank, twice that, ... whose guesses agree with
-    full scoring (full: its guesses [n], _position0_gain's) on ≥ cfg.screen_agree of the fresh position-0 states H0
-    [n, d]; none (E read whole) where no rank up to d/2 does: a screen that reads more saves little beside its exact
+    full scoring (full: its guesses [n], _position0_gain's; _agreement) on ≥ cfg.screen_agree of the fresh
+    position-0 states H0 [n, d] of the tokens truth [n]; none (E read whole) where no rank up to d/2 does: a screen that reads more saves little beside its exact
     step (Gemma-3-270M: the fit kept 32 / 256 / 512 of 640 at layers 1 / 9 / 18, and 512 was no faster than the whole
     read: position0_screen_ab.txt).
     p0: position0_models' fields with p0_sq and gain0; gram: _gram(E, p0's mx0), p0's Gram from it.
@@ -283,18 +284,23 @@ def _position0_screen(p0: dict, E: Tensor, H0: Tensor, full: Tensor, cfg: Learne
         proj, proj_sq = predictions(E, p0["mx0"], p0["A0"] @ U)  # (as Calibration.load makes them)
         screen = dict(p0_basis=U, p0_proj=proj, p0_proj_sq=proj_sq)
         guesses = position0_scores(r0, SimpleNamespace(**p0, **screen), E, cfg.screen_top)[0]
-        if _agreement(guesses, full, scores) >= cfg.screen_agree:
+        if _agreement(guesses, full, truth, scores) >= cfg.screen_agree:
             return screen
         rank *= 2
     return {}
 
 
-def _agreement(picks: Tensor, full: Tensor, scores) -> float:
-    """How often a screen's picks [n] score as well as full scoring's top-1 [n] (scores: ids [n] -> their exact scores
-    [n]). Not how often they are the same token: tokens with equal rows tie, and a screen need not keep their order
-    (SmolLM2 has 9 tokens with one embedding row; on an AVX2-only CPU one validation position of layer 1 tied two of
-    them, and the fit took a screen of rank 512 where 16 agrees everywhere else: a first look 4x slower)."""
-    return float((scores(picks) >= scores(full)).float().mean())
+def _agreement(picks: Tensor, full: Tensor, truth: Tensor, scores) -> float:
+    """How often a screen's picks [n] do as well as full scoring's top-1 [n] where it matters: a position counts
+    against the screen only where full scoring picks the truth [n] and the screen's pick scores lower (scores:
+    ids [n] -> their exact scores [n]). Where full scoring is wrong it costs a pass whatever the screen picks
+    (SmolLM2's fast layer 15 on an AVX2-only CPU: at one of 608 validation positions full scoring picked a wrong
+    token and every screen of rank 32-128 the true one, and the fit took rank 256, a first look that reads a
+    [V, 259] screen where [V, 35] loses no right guess: screen_agreement.py). A pick that ties with full scoring's
+    agrees with it: tokens with equal rows tie, and a screen need not keep their order (SmolLM2 has 9 tokens with
+    one embedding row; on that CPU one validation position of layer 1 tied two of them, and the fit took rank 512)."""
+    lost = (full == truth) & (scores(picks) < scores(full))
+    return 1 - float(lost.float().mean())
 
 
 def _best_gain(S: Tensor, P_sq: Tensor, truth: Tensor, gains) -> tuple[float, Tensor]:
@@ -331,8 +337,9 @@ def _screening(parts: dict, H: Tensor, ids: Tensor, cfg: LearnedConfig, tap) -> 
     The ridge predictions P are noisy, so shrinking them (score 2 r·P_v − g‖P_v‖²) picks the true
     token more often: g is the best of cfg.gains (SmolLM2, held-out prompts, top-1: ℓ = 30 prose
     74 → 76%, code 84 → 87%, random 59 → 65% at g = 0.7; ℓ = 15 prose 96 → 97%). The rank for P is
-    the smallest of k, 2k, ... whose screened top-1 agrees with full scoring on ≥ cfg.screen_agree
-    of the positions (SmolLM2: 32 at ℓ = 1 and 15, 256 at ℓ = 30, from cfg.screen_rank = 16)."""
+    the smallest of k, 2k, ... whose screened top-1 does as well as full scoring's on ≥ cfg.screen_agree of the
+    positions, where full scoring is right (_agreement; SmolLM2: 32 at ℓ = 1 and 15, 256 at ℓ = 30, from
+    cfg.screen_rank = 16)."""
     out = dict(parts)
     d = out["P"].shape[1]
     r = (H[:, 1:] @ parts["white"] - H[:, :-1] @ parts["Bw"] - parts["cw"]).reshape(-1, d)  # [n, d]
@@ -350,7 +357,7 @@ def _screening(parts: dict, H: Tensor, ids: Tensor, cfg: LearnedConfig, tap) -> 
     cal = Calibration(key="", gain=gain, seconds=0.0, **out, p_basis=p_basis, p_proj=p_proj)
     ranker = _ranker(cal, tap, cfg)  # (one ranker for every rank tried: only its screen changes)
     scores = lambda ids: ranker.exact_scores(ids[:, None], r, gain)[:, 0]  # exact, [n]
-    while rank < d and _agreement(ranker.screen(r), full, scores) < cfg.screen_agree:
+    while rank < d and _agreement(ranker.screen(r), full, truth, scores) < cfg.screen_agree:
         rank = min(2 * rank, d)
         cal.p_basis, cal.p_proj = screen(rank)
         ranker.use_screen()
@@ -491,9 +498,9 @@ def _calibration(tap, cfg: LearnedConfig, E: Tensor, model: dict, table: Tensor 
     P, P_sq = predictions(E, model["mx"], model["A"], table)  # float32 products suffice here
     if pos0 is not None:  # position 0's gain from the fresh rows' first positions (text and random ids)
         fitted = dict(pos0, p0_sq=predictions(E, pos0["mx0"], pos0["A0"])[1])  # (its norms only: position0_dots)
-        H0 = torch.cat([H_val[:, 0], H_gate[:, 0]])
-        fitted["gain0"], full0 = _position0_gain(fitted, E, H0, torch.cat([val[:, 0], gate_ids[:, 0]]), cfg.gains)
-        first = dict(fitted, **_position0_screen(fitted, E, H0, full0, cfg, gram0), table=None, t_mean=None,
+        H0, truth0 = torch.cat([H_val[:, 0], H_gate[:, 0]]), torch.cat([val[:, 0], gate_ids[:, 0]])
+        fitted["gain0"], full0 = _position0_gain(fitted, E, H0, truth0, cfg.gains)
+        first = dict(fitted, **_position0_screen(fitted, E, H0, full0, truth0, cfg, gram0), table=None, t_mean=None,
                      t_basis=None, t_proj=None)
     else:  # (P comes from the table too: stored, not made from E on load)
         del model["A"], model["mx"]
