@@ -221,19 +221,16 @@ def stale_dequantized(unfinished_after: float = 3600.0) -> list[Path]:
 
 @contextmanager
 def _gguf_read_once():
-    """While dequantizing: one `gguf` reader per file, on a plain array, one tensor-name map per (arch, depth),
-    strings decoded in one call, and each tensor dequantized while the one before it is (`dequantize`).
+    """While dequantizing: one `gguf` reader per file, on a plain array, one tensor-name map per (arch, depth), and
+    strings decoded in one call.
 
     transformers parses the GGUF file three times (config, weights, tokenizer) and rebuilds gguf's tensor-name map
     for every module (397 times, ~7 s). The reader walks SmolLM2's 49k-token vocabulary and 48k merges a few bytes
     at a time, each slice of a numpy memmap paying that subclass's bookkeeping (6.0 s; 2.0 s on a plain ndarray view
     of the same map), and transformers decodes each string as array("B", list(bytes)) (~2 s per parse; bytes.decode
-    ~4x faster). transformers dequantizes the tensors one after another in gguf's numpy code (SmolLM2: 1.8 s on one
-    core), which leaves the GIL in its array operations. All are pure functions of their arguments, and transformers
-    imports them at call time (the parser from its own module), so replacing them there changes nothing else:
-    tests/models/test_load.py."""
+    ~4x faster). All are pure functions of their arguments, and transformers imports them at call time (the
+    parser from its own module), so replacing them there changes nothing else: tests/models/test_load.py."""
     import functools
-    from concurrent.futures import ThreadPoolExecutor
 
     import gguf
     import numpy as np
@@ -248,27 +245,14 @@ def _gguf_read_once():
         def data(self, memmap):  # (GGUFReader.__init__ sets it to np.memmap(path))
             self._plain = memmap.view(np.ndarray)
 
-    saved = gguf.GGUFReader, gguf.get_tensor_name_map, hf_gguf._gguf_parse_value, gguf.dequantize
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map, hf_gguf._gguf_parse_value
     readers: dict = {}
-    where: dict = {}  # id(a tensor's data) -> (its reader's tensors, its index there)
-    workers = max(1, torch.get_num_threads())
-    pool, pending = ThreadPoolExecutor(workers), {}  # id(data) -> Future of its dequantized array
 
     def reader(path, mode="r"):
         key = (str(Path(path).resolve()), mode)
         if key not in readers:
-            readers[key] = r = PlainReader(path, mode)
-            where.update((id(t.data), (r.tensors, i)) for i, t in enumerate(r.tensors))
+            readers[key] = PlainReader(path, mode)
         return readers[key]
-
-    def dequantize(data, qtype):  # this tensor's and the next `workers - 1`'s on the pool, in the reader's order
-        if id(data) not in where:
-            return saved[3](data, qtype)
-        tensors, i = where[id(data)]
-        for t in tensors[i:i + workers]:
-            if id(t.data) not in pending:
-                pending[id(t.data)] = pool.submit(saved[3], t.data, t.tensor_type)
-        return pending.pop(id(data)).result()
 
     def parse_value(value, types):
         if types in ([8], [9, 8]):  # a string, or an element of an array of strings: uint8 [n]
@@ -276,12 +260,11 @@ def _gguf_read_once():
         return saved[2](value, types)
 
     gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(saved[1])
-    hf_gguf._gguf_parse_value, gguf.dequantize = parse_value, dequantize
+    hf_gguf._gguf_parse_value = parse_value
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map, hf_gguf._gguf_parse_value, gguf.dequantize = saved
-        pool.shutdown(cancel_futures=True)
+        gguf.GGUFReader, gguf.get_tensor_name_map, hf_gguf._gguf_parse_value = saved
 
 
 def _check_hf_spec(spec: str):
