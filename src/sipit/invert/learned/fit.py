@@ -268,9 +268,9 @@ def _position0_screen(p0: dict, E: Tensor, H0: Tensor, full: Tensor, truth: Tens
     """Fast mode: the principal subspace of the position-0 predictions p0_v = (e_v − mx0) A0 in which position 0 is
     screened (position0_scores), of the smallest rank of cfg.screen_rank, twice that, ... whose guesses agree with
     full scoring (full: its guesses [n], _position0_gain's; _agreement) on ≥ cfg.screen_agree of the fresh
-    position-0 states H0 [n, d] of the tokens truth [n]; none (E read whole) where no rank up to d/2 does: a screen that reads more saves little beside its exact
-    step (Gemma-3-270M: the fit kept 32 / 256 / 512 of 640 at layers 1 / 9 / 18, and 512 was no faster than the whole
-    read: position0_screen_ab.txt).
+    position-0 states H0 [n, d] of the tokens truth [n]; none (E read whole) where no rank up to d/2 does: a screen
+    that reads more saves little beside its exact step (Gemma-3-270M: the fit kept 32 / 256 / 512 of 640 at layers
+    1 / 9 / 18, and 512 was no faster than the whole read: position0_screen_ab.txt).
     p0: position0_models' fields with p0_sq and gain0; gram: _gram(E, p0's mx0), p0's Gram from it.
     -> {p0_basis [d, k0], p0_proj [V, k0], p0_proj_sq [V]} or {}"""
     d = p0["A0"].shape[1]
