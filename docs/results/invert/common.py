@@ -143,3 +143,12 @@ def module_before(commit: str, name: str):
     sys.modules[module.__name__] = module  # (dataclasses look their module up)
     exec(compile(source, f"{name}.py@{commit}", "exec"), module.__dict__)
     return module
+
+
+def with_screen_rank(ranker, basis, rank: int) -> None:
+    """The ranker's calibration screened at `rank` columns of basis [d, d] (P's principal basis, as fit._screening
+    makes it), the rest of the calibration unchanged."""
+    cal = ranker.cal
+    cal.p_basis = basis[:, :rank].contiguous()
+    cal.p_proj = cal.P.float() @ cal.p_basis
+    ranker.use_screen()

@@ -296,7 +296,7 @@ def _agreement(picks: Tensor, full: Tensor, truth: Tensor, scores) -> float:
     ids [n] -> their exact scores [n]). Where full scoring is wrong it costs a pass whatever the screen picks
     (SmolLM2's fast layer 15 on an AVX2-only CPU: at one of 608 validation positions full scoring picked a wrong
     token and every screen of rank 32-128 the true one, and the fit took rank 256, a first look that reads a
-    [V, 259] screen where [V, 35] loses no right guess: screen_agreement.py). A pick that ties with full scoring's
+    [V, 259] screen where [V, 35] loses no right guess: screen_rank_ties.py). A pick that ties with full scoring's
     agrees with it: tokens with equal rows tie, and a screen need not keep their order (SmolLM2 has 9 tokens with
     one embedding row; on that CPU one validation position of layer 1 tied two of them, and the fit took rank 512)."""
     lost = (full == truth) & (scores(picks) < scores(full))
