@@ -14,7 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import SOURCES, smollm2
+from common import SOURCES, median_ms, smollm2
 from sipit.bench.invert import interleaved, prompts
 from sipit.invert import InvertConfig, SipIt
 from sipit.invert.eps import measure_noise, tolerance_for
@@ -26,23 +26,14 @@ seed = int(sys.argv[1])
 torch.set_num_threads(2)
 
 
-def median_seconds(f, n=5):
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 print("1. ms a product, F.linear vs (W @ xT)T (20 matrices of each shape)")
 for N, K in [(1536, 576), (576, 1536), (576, 576), (192, 576)]:
     Ws = [torch.randn(N, K) for _ in range(20)]
     for m in (1, 5, 20, 128, 640, 2048):
         x = torch.randn(m, K)
-        a = median_seconds(lambda: [F.linear(x, w) for w in Ws]) / 20
-        b = median_seconds(lambda: [(w @ x.T).T for w in Ws]) / 20
-        print(f"  W [{N}, {K}], {m:4d} rows: {a * 1e3:.3f} vs {b * 1e3:.3f} ms ({a / b:.2f}x)")
+        a = median_ms(lambda: [F.linear(x, w) for w in Ws], 5) / 20
+        b = median_ms(lambda: [(w @ x.T).T for w in Ws], 5) / 20
+        print(f"  W [{N}, {K}], {m:4d} rows: {a:.3f} vs {b:.3f} ms ({a / b:.2f}x)")
 
 plain = torch.nn.Linear.forward
 
@@ -81,19 +72,19 @@ engine.invert_prompts(list(states[:4]))  # warm-up
 for rep in range(2):
     for name, forward in WAYS:
         torch.nn.Linear.forward = forward
-        forwards = [median_seconds(lambda: tap.states(ids[i:i + 1]), 1) for i in range(40)]
+        forwards = [median_ms(lambda: tap.states(ids[i:i + 1]), 1) for i in range(40)]
         singles = []
         for i in range(40):
             t = time.perf_counter()
             result = engine.invert_prompt(states[i])
             singles.append(time.perf_counter() - t)
             assert result.ids == ids[i].tolist() and result.status == "ok", i
-        f32 = median_seconds(lambda: tap.states(ids[:32]), 1)
+        f32 = median_ms(lambda: tap.states(ids[:32]), 1) / 1e3
         t = time.perf_counter()
         batch = engine.invert_prompts(list(states[:32]))
         b32 = time.perf_counter() - t
         assert all(r.ids == p.tolist() and r.status == "ok" for r, p in zip(batch, ids[:32]))
         print(f"  rep {rep} {name}: one at a time median {statistics.median(singles) * 1e3:.0f} ms (forward "
-              f"{statistics.median(forwards) * 1e3:.1f} ms); B = 32 {b32:.2f} s (forward {f32:.3f} s, ratio "
+              f"{statistics.median(forwards):.1f} ms); B = 32 {b32:.2f} s (forward {f32:.3f} s, ratio "
               f"{b32 / f32:.2f})", flush=True)
 torch.nn.Linear.forward = plain
