@@ -38,6 +38,28 @@ def test_extend_many_equals_each_extend_alone(tiny_lm, which, attention):
 
 
 @pytest.mark.parametrize("layout", ["flat", "padded"])
+def test_extend_many_in_a_given_layout(tiny_lm, layout, monkeypatch):
+    """layout= makes extend_many's pass that layout whatever its cost says (eps.measure_noise measures both
+    lock-step layouts): the same states as each extend alone."""
+    tap = LayerTap(tiny_lm, 2)
+    tap._costs = (0.0, 0.0)
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, tiny_lm.vocab_size, (3, 9), generator=g)
+    used = []
+    for name in ("_extend_flat", "_extend_padded"):
+        monkeypatch.setattr(tap, name, lambda r, f=getattr(tap, name), name=name: used.append(name) or f(r))
+    for lengths, by_cost in (((2, 2, 2), "padded"), ((5, 3, 1), "flat")):  # rows of one length / padding's waste
+        requests = [(tap.prefill(ids[p, :1 + p]), ids[p, 1 + p:1 + p + k][None]) for p, k in enumerate(lengths)]
+        for given in (None, layout):
+            used.clear()
+            answers = tap.extend_many(requests, layout=given)
+            assert used == [f"_extend_{given or by_cost}"]
+            for (prefix, rows), (h, _) in zip(requests, answers):
+                alone = tap.extend(prefix, rows, layout="padded")
+                assert torch.allclose(h, alone, rtol=1e-5, atol=1e-5 * float(alone.abs().max()))
+
+
+@pytest.mark.parametrize("layout", ["flat", "padded"])
 def test_grown_prefix_copies_its_cache_when_first_extended(tiny_lm, layout):
     """A grown prefix holds no cache of its own until extended (Prefix.make), and one extended after other
     passes ran (a lock-step batch's) continues like a fresh forward all the same."""

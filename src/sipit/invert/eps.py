@@ -2,7 +2,8 @@
 
 The loop recomputes states along other paths than the one that produced the observation: a KV
 cache and a speculative multi-token pass instead of one full forward, candidate batches (padded or
-flat: models/tap.py) instead of a single sequence, and the observation itself may come from a batched forward. On a few seeded
+flat: models/tap.py) instead of a single sequence, lock-step passes over many prompts' prefixes at once
+(tap.extend_many), and the observation itself may come from a batched forward. On a few seeded
 random-id calibration prompts, every path is compared with one single full forward *per position*
 (one norm over a whole [T, d] tensor would be dominated by position 0's massive activation):
 
@@ -29,7 +30,8 @@ from ..io import write_json
 from ..models.load import cache_dir
 from .verify import UNIT_ROUNDOFF, rel_distance, tolerance
 
-VERSION = 4  # of the cached noise profile (3: keyed by the blocks the tap reads; 4: flat candidate passes)
+VERSION = 5  # of the cached noise profile (3: keyed by the blocks the tap reads; 4: flat candidate passes; 5: position
+#              1 on the prefixes the loop's own passes leave, alone and in lock-step)
 FACTOR = 50.0  # ε = FACTOR × the largest measured noise: headroom for paths and prompts not measured
 #                (SmolLM2 layer 30: position 1 after " proof" showed 3.3e-5 where the calibration measured 4.3e-6)
 HALF_FACTOR = 4.0  # the same for bf16/fp16 models, whose rounding dominates every path alike: random:llama-3.1-8b
@@ -91,7 +93,8 @@ def measure_noise(tap, batch_size: int = 256) -> list[float]:
                     h = tap.extend(prefix, cand, layout=layout)  # [B, d]
                     noise[t] = max(float(noise[t]), float(rel_distance(h[j], ref[t])))
     # position 1 on a cached position 0 depends strongly on the token there (SmolLM2 layer 30: 3e-5
-    # after "The" vs 3e-6 after random ids): measure it after many common first tokens
+    # after "The" vs 3e-6 after random ids) and on the pass that cached it: measure it after many common first
+    # tokens, on the prefixes the loop's passes leave
     text = torch.tensor(lm.encode(SINK_TEXT)) if lm.tokenizer is not None else \
         torch.randint(lm.vocab_size, (4 * SINK_TOKENS,), generator=g)  # ids-only models: random first tokens
     text = text.to(lm.device)
@@ -101,9 +104,29 @@ def measure_noise(tap, batch_size: int = 256) -> list[float]:
     firsts = list(first_at.values())[:SINK_TOKENS]
     pairs = torch.stack([text[i:i + 2] for i in firsts])  # [n, 2]
     ref = tap.states(pairs)  # [n, 2, d]
+    empty = tap.prefill(pairs[:0, 0])
+
+    def seen(h: torch.Tensor, r: torch.Tensor, t: int = 0) -> None:  # states h [k, d] of a pair's positions t.. (r: [2, d])
+        noise[t:t + len(h)] = torch.maximum(noise[t:t + len(h)], rel_distance(h, r[t:t + len(h)]).cpu())
+    # a prompt alone: the pair as its speculation row, then position 1 searched on the prefix that row leaves (SmolLM2
+    # layer 15: 1.2e-5, where the prefix of a one-token pass of its own measured 7.9e-6)
     for pair, r in zip(pairs, ref):
-        h = tap.extend(tap.prefill(pair[:1]), pair[1:])  # [1, d]
-        noise[1] = max(float(noise[1]), float(rel_distance(h[0], r[1])))
+        h, grown = tap.extend(empty, pair[None], keep=True)  # [1, 2, d]
+        seen(h[0], r)
+        seen(tap.extend(grown(0, 1), pair[1:]), r, 1)
+    # lock-step: every pair a row of one pass, then position 1 of all on the prefixes it leaves, in one pass of each
+    # layout (tap.extend_many), and alone on each (a prompt alone in a round; SmolLM2 layer 30: 1.3e-5, where the
+    # prefix of a one-token pass of its own measured 4.3e-6)
+    h, grown = tap.extend(empty, pairs, keep=True)  # [n, 2, d]
+    for hb, r in zip(h, ref):
+        seen(hb, r)
+    prefixes = [grown(b, 1) for b in range(len(pairs))]
+    for layout in ("padded", "flat"):
+        answers = tap.extend_many([(p, pair[None, 1:]) for p, pair in zip(prefixes, pairs)], layout=layout)
+        for (hb, _), r in zip(answers, ref):
+            seen(hb[0], r, 1)
+    for p, pair, r in zip(prefixes, pairs, ref):
+        seen(tap.extend(p, pair[1:]), r, 1)
     return noise.tolist()
 
 

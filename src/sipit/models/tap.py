@@ -315,7 +315,8 @@ class LayerTap:
         return states, grown
 
     @torch.no_grad()
-    def extend_many(self, requests: list[tuple[Prefix, Tensor]], max_tokens: int = 1024) -> list[tuple[Tensor, object]]:
+    def extend_many(self, requests: list[tuple[Prefix, Tensor]], max_tokens: int = 1024,
+                    layout: str | None = None) -> list[tuple[Tensor, object]]:
         """Many `extend(prefix, rows, keep=True)` calls served by few forward passes: what inverting
         many prompts in lock-step needs (their prefixes differ in content and length).
 
@@ -325,6 +326,7 @@ class LayerTap:
         in one sequence), whichever its estimated cost favours. Requests whose positions reach a
         sliding window (Gemma-3, Mistral) never go flat (a flat pass's mask has no window) and share
         padded passes only with those of their prefix length (padding would shift the window).
+        layout: "padded" or "flat" makes every pass that one where it may be (eps.measure_noise measures both).
         -> per request (states [B_i, k_i, dim], grown(b, n) -> Prefix)."""
         groups: dict = {}
         for i, (prefix, rows) in enumerate(requests):
@@ -334,7 +336,7 @@ class LayerTap:
             members = sorted(members, key=lambda i: -requests[i][1].shape[1])
             shapes = [(requests[i][0].length, *requests[i][1].shape) for i in members]
             for part, flat in pack(shapes, max_tokens, *self._costs, flat=length is None):
-                part = [members[j] for j in part]
+                part, flat = [members[j] for j in part], flat if layout is None else layout == "flat" and length is None
                 if len(part) == 1:
                     out[part[0]] = self.extend(*requests[part[0]], keep=True, layout="flat" if flat else "padded")
                 else:
