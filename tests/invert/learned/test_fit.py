@@ -74,7 +74,9 @@ def test_the_head_screen_takes_the_smallest_rank_that_guesses_as_well_as_the_who
 
     assert _smallest_as_good({2: 9, 4: 6, 8: 6, 16: 5, 32: 4, 64: 5}.get, 2, 64) == 16
     assert _smallest_as_good({2: 5, 64: 5}.get, 2, 64) == 2
-    assert _smallest_as_good({2: 9, 4: 9, 8: 9, 16: 9, 32: 9, 64: 3}.get, 2, 64) == 64
+    asked = []
+    assert _smallest_as_good(lambda k: asked.append(k) or {64: 3}.get(k, 9), 2, 64) == 64
+    assert asked == [64, 2, 4, 8, 16, 32]  # (the whole head once)
     tap, d = LayerTap(lm, lm.n_layers), lm.d_model
     unweighted = calibrate(tap, replace(FAST, head_rank=2, lm_weight=0.0))  # (the prior changes no guess)
     assert unweighted.u_basis.shape == (d, 2) and unweighted.u_proj.shape == (lm.vocab_size, 2)

@@ -403,9 +403,10 @@ def _lm_prior(cal: Calibration, tap, validation: tuple[Tensor, Tensor], H_random
 
 
 def _smallest_as_good(wrong, first: int, d: int) -> int:
-    """The smallest rank of first, 2·first, ..., d whose wrong(rank) (guesses) is no more than wrong(d)'s."""
+    """The smallest rank of first, 2·first, ..., d whose wrong(rank) (guesses) is no more than wrong(d)'s (d itself
+    evaluated once: SmolLM2's layer 30 takes the whole head, and each evaluation reads it for 494 rows, ~1 s)."""
     whole, rank = wrong(d), min(first, d)
-    while wrong(rank) > whole:
+    while rank < d and wrong(rank) > whole:
         rank = min(2 * rank, d)
     return rank
 
