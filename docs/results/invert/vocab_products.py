@@ -57,16 +57,6 @@ for (rows, k), (n, s) in sorted(spent.items(), key=lambda kv: -kv[1][1]):
     print(f"  rows {rows} x width {k}: {n} products, {s:.2f} s")
 
 
-def median_ms(f, n=7):
-    f()
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
-
-
 V = lm.vocab_size
 print(f"one product of x [rows, width] against a table [{V}, width], ms (median of 3 alternations of 7 calls):")
 for rows, k in [(1, 576), (2, 576), (19, 576), (128, 576), (19, 131), (19, 35), (128, 35)]:
@@ -78,6 +68,7 @@ for rows, k in [(1, 576), (2, 576), (19, 576), (128, 576), (19, 131), (19, 35), 
     got = {name: [] for name in ways}
     for _ in range(3):
         for name, f in ways.items():
-            got[name].append(median_ms(f))
+            f()  # (warm)
+            got[name].append(common.median_ms(f))
     print(f"  {rows:4d} x {k:3d}: " + ", ".join(f"{name} {statistics.median(v):.2f}" for name, v in got.items()),
           flush=True)

@@ -106,7 +106,7 @@ def measure_noise(tap, batch_size: int = 256) -> list[float]:
     ref = tap.states(pairs)  # [n, 2, d]
     empty = tap.prefill(pairs[:0, 0])
 
-    def seen(h: torch.Tensor, r: torch.Tensor, t: int = 0) -> None:  # states h [k, d] of a pair's positions t.. (r: [2, d])
+    def seen(h: torch.Tensor, r: torch.Tensor, t: int = 0) -> None:  # h [k, d]: a pair's positions t.., r [2, d]
         noise[t:t + len(h)] = torch.maximum(noise[t:t + len(h)], rel_distance(h, r[t:t + len(h)]).cpu())
     # a prompt alone: the pair as its speculation row, then position 1 searched on the prefix that row leaves (SmolLM2
     # layer 15: 1.2e-5, where the prefix of a one-token pass of its own measured 7.9e-6)

@@ -336,7 +336,9 @@ class LayerTap:
             members = sorted(members, key=lambda i: -requests[i][1].shape[1])
             shapes = [(requests[i][0].length, *requests[i][1].shape) for i in members]
             for part, flat in pack(shapes, max_tokens, *self._costs, flat=length is None):
-                part, flat = [members[j] for j in part], flat if layout is None else layout == "flat" and length is None
+                part = [members[j] for j in part]
+                if layout is not None:
+                    flat = layout == "flat" and length is None
                 if len(part) == 1:
                     out[part[0]] = self.extend(*requests[part[0]], keep=True, layout="flat" if flat else "padded")
                 else:
