@@ -1,5 +1,5 @@
 """Position 1's recomputation noise by the pass that cached position 0, and what eps.measure_noise measures: the
-token after each of the sink measurement's common first tokens (eps.SINK_TEXT, SINK_TOKENS of them), recomputed on
+token after each of the sink measurement's common first tokens (eps.sink_pairs), recomputed on
 a prefix of position 0 made by a one-token pass of its own (what measure_noise used before v5), by the pair's own
 speculation row (a prompt alone), or by one pass of every pair as rows (a lock-step round), then extended alone or,
 lock-step, all in one pass of each layout; relative to one full forward of the pair. Then measure_noise as at
@@ -13,7 +13,7 @@ import types
 
 import torch
 
-from sipit.invert.eps import SINK_TEXT, SINK_TOKENS, measure_noise
+from sipit.invert.eps import measure_noise, sink_pairs
 from sipit.invert.verify import rel_distance
 from sipit.models import LayerTap, load_model
 
@@ -26,11 +26,7 @@ sys.modules[old.__name__] = old
 exec(compile(source, f"eps.py@{before}", "exec"), old.__dict__)
 
 lm = load_model(model)
-text = torch.tensor(lm.encode(SINK_TEXT))
-first_at: dict[int, int] = {}
-for i in range(len(text) - 1):
-    first_at.setdefault(int(text[i]), i)
-pairs = torch.stack([text[i:i + 2] for i in list(first_at.values())[:SINK_TOKENS]])  # [n, 2]
+pairs = sink_pairs(lm, torch.Generator().manual_seed(0))  # [n, 2]: the pairs measure_noise measures
 for layer in layers:
     tap = LayerTap(lm, layer)
     ref = tap.states(pairs)[:, 1]  # [n, d]

@@ -63,6 +63,17 @@ class Tolerance:
         return asdict(self)
 
 
+def sink_pairs(lm, g: torch.Generator) -> torch.Tensor:
+    """Up to SINK_TOKENS distinct first tokens of SINK_TEXT, each with the token after it ([n, 2] ids on lm's device);
+    for ids-only models (no tokenizer) random first tokens drawn from g."""
+    text = torch.tensor(lm.encode(SINK_TEXT)) if lm.tokenizer is not None else \
+        torch.randint(lm.vocab_size, (4 * SINK_TOKENS,), generator=g)
+    first_at: dict[int, int] = {}
+    for i in range(len(text) - 1):
+        first_at.setdefault(int(text[i]), i)
+    return torch.stack([text[i:i + 2] for i in list(first_at.values())[:SINK_TOKENS]]).to(lm.device)
+
+
 @torch.no_grad()
 def measure_noise(tap, batch_size: int = 256) -> list[float]:
     # (candidate batches of 64 and of 256 rows measured the same noise on SmolLM2 layers 15 and 30)
@@ -95,14 +106,7 @@ def measure_noise(tap, batch_size: int = 256) -> list[float]:
     # position 1 on a cached position 0 depends strongly on the token there (SmolLM2 layer 30: 3e-5
     # after "The" vs 3e-6 after random ids) and on the pass that cached it: measure it after many common first
     # tokens, on the prefixes the loop's passes leave
-    text = torch.tensor(lm.encode(SINK_TEXT)) if lm.tokenizer is not None else \
-        torch.randint(lm.vocab_size, (4 * SINK_TOKENS,), generator=g)  # ids-only models: random first tokens
-    text = text.to(lm.device)
-    first_at: dict[int, int] = {}
-    for i in range(len(text) - 1):
-        first_at.setdefault(int(text[i]), i)
-    firsts = list(first_at.values())[:SINK_TOKENS]
-    pairs = torch.stack([text[i:i + 2] for i in firsts])  # [n, 2]
+    pairs = sink_pairs(lm, g)  # [n, 2]
     ref = tap.states(pairs)  # [n, 2, d]
     empty = tap.prefill(pairs[:0, 0])
 
