@@ -98,12 +98,15 @@ def near_neighbours(embeddings: Tensor, dups: DuplicateClasses, rel: float = NEA
     rel·‖row‖, closest first, at most k_max. Empty for almost every token of a trained model.
 
     Sound screen: project the (centred) rows onto their principal axes (an orthogonal projection
-    never increases a distance); sorted by the first coordinate, a row's partners lie in a window
-    of ±radius, so each block of rows is compared only with its window, in float64; survivors are
-    checked exactly. Where many survive the projection (Gemma-3's rows all have one norm: 2·10⁷ pairs, whose
-    exact check made this 253 s of its first inversion), a float32 product over every dimension prunes them first
-    (_close_rows: 77.7 s, the same lists; docs/results/invert/near_neighbours_ab.py). embeddings [V, d];
-    ~V × (mean window) work, 1.8 s for SmolLM2's V = 49,152.
+    never increases a distance); cut into strips of the second coordinate as wide as the largest radius
+    and sorted by the first within each, a row's partners lie in its strip or the two next to it, within
+    ±radius of its first coordinate, so each block of rows is compared only with those three windows, in
+    float64; survivors are checked exactly. Where many survive the projection (Gemma-3's rows all have one
+    norm: 2·10⁷ pairs, whose exact check made this 253 s of its first inversion), a float32 product over every
+    dimension prunes them first (_close_rows: 77.7 s, the same lists). The first coordinate alone left
+    Gemma-3's rows windows of 12,000 rows; the strips, 5.5× fewer pairs: 20 s, the same lists (SmolLM2 1.5 ->
+    1.9 s, Qwen2.5-1.5B 19 s either way; docs/results/invert/near_neighbours_ab.py). embeddings [V, d];
+    ~V × (mean window) work.
     """
     # one row per duplicate class: Gemma-3 has classes of thousands of identical rows, whose pairs
     # (all inside one class, never near-duplicates) would otherwise fill the screen (100+ GB)
@@ -112,27 +115,38 @@ def near_neighbours(embeddings: Tensor, dups: DuplicateClasses, rel: float = NEA
     radius = rel * E.norm(dim=1)  # [R] relative to each token's own row
     E = E - E.mean(0)  # distances unchanged
     basis = torch.linalg.svd(E[:: max(1, len(E) // 4096)], full_matrices=False)[2][:32].T  # [d, k] orthonormal
-    P = E @ basis  # [V, k]
+    P = E @ basis  # [R, k]
+    rs = radius * (1 + 1e-9)  # (the projection's rounding)
+    width = float(rs.max()) or 1.0  # (all rows zero: one class, one row)
+    strip = (P[:, 1] / width).floor().long() if P.shape[1] > 1 else torch.zeros(len(P), dtype=torch.long)
     order = P[:, 0].argsort()
-    Ps, rs, first = P[order], radius[order] * (1 + 1e-9), P[order, 0]
-    lo = torch.searchsorted(first, first - rs)
-    hi = torch.searchsorted(first, first + rs, right=True)
+    order = order[strip[order].argsort(stable=True)]  # by strip, then by the first coordinate
+    E, P, radius, rs, reps, strip = E[order], P[order], radius[order], rs[order], reps[order], strip[order]  # (from here on)
+    first = P[:, 0].contiguous()
+    values, counts = strip.unique_consecutive(return_counts=True)
+    ends = counts.cumsum(0).tolist()
+    segment = {s: (e - n, e) for s, n, e in zip(values.tolist(), counts.tolist(), ends)}  # strip -> its rows
     close, pairs = None, []
-    for start in range(0, len(E), 512):
-        rows = slice(start, start + 512)
-        a0, b0 = int(lo[rows].min()), int(hi[rows].max())
-        kept = torch.cdist(Ps[rows], Ps[a0:b0]) <= rs[rows, None]  # [n, W]
-        if kept.sum() > PRUNE_ABOVE * kept.shape[0]:
-            close = close or _close_rows(E[order], rs)
-            kept &= close(rows, a0, b0)
-        i, j = kept.nonzero().unbind(1)
-        a, b = order[start + i], order[a0 + j]
-        a, b = a[a != b], b[a != b]  # (every row is kept with itself)
-        for c in range(0, len(a), 1 << 16):  # exact check of the survivors, in chunks (bounds the memory)
-            ac, bc = a[c:c + (1 << 16)], b[c:c + (1 << 16)]
-            dist = (E[ac] - E[bc]).norm(dim=1)
-            near = dist <= radius[ac]
-            pairs.append((ac[near], bc[near], dist[near]))
+    for s, (s0, s1) in segment.items():
+        for start in range(s0, s1, 512):
+            rows = slice(start, min(start + 512, s1))
+            for t0, t1 in (segment[t] for t in (s - 1, s, s + 1) if t in segment):
+                a0 = t0 + int(torch.searchsorted(first[t0:t1], first[rows] - rs[rows]).min())
+                b0 = t0 + int(torch.searchsorted(first[t0:t1], first[rows] + rs[rows], right=True).max())
+                if a0 >= b0:
+                    continue
+                kept = torch.cdist(P[rows], P[a0:b0]) <= rs[rows, None]  # [n, W]
+                if kept.sum() > PRUNE_ABOVE * kept.shape[0]:
+                    close = close or _close_rows(E, rs)
+                    kept &= close(rows, a0, b0)
+                i, j = kept.nonzero().unbind(1)
+                a, b = start + i, a0 + j
+                a, b = a[a != b], b[a != b]  # (every row is kept with itself)
+                for c in range(0, len(a), 1024):  # exact check of the survivors (in small chunks: a fresh buffer of
+                    ac, bc = a[c:c + 1024], b[c:c + 1024]  # 64k rows, page faults and all, took 3.5x as long)
+                    dist = (E[ac] - E[bc]).norm(dim=1)
+                    near = dist <= radius[ac]
+                    pairs.append((ac[near], bc[near], dist[near]))
     if not pairs:
         return {}
     a, b, dist = (torch.cat(x) for x in zip(*pairs))
