@@ -11,8 +11,8 @@ REAL_MODELS = ("smollm2", "gemma", "qwen")  # the markers of tests on real model
 @pytest.fixture(autouse=True)
 def threads(request):
     """Every test starts at one torch thread (tiny models: their small products run faster alone), those marked for a
-    real model at two, as `make demo` and the benches run (the Gemma-3 test's full calibration, 262,144 tokens of
-    table and the model's own samples, 888 s at one thread on this project's AVX2-only CPU). Set per test: a CLI
+    real model at two, as `make demo` and the benches run (a full calibration of Gemma-3-270M, 262,144 tokens of
+    table and the model's own samples, took 888 s at one thread on this project's AVX2-only CPU). Set per test: a CLI
     test's `--threads` (default 2) no longer leaks into the tests after it, which ran at whatever the last one set."""
     real = any(request.node.get_closest_marker(m) for m in REAL_MODELS)
     torch.set_num_threads(min(2, os.cpu_count() or 1) if real else 1)

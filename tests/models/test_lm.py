@@ -79,15 +79,17 @@ def test_next_token_logprobs_from_a_layers_states_equal_those_from_the_ids(tiny_
         assert truncated.next_token_logprobs_from(1, LayerTap(lm, 1).states(ids)) is None
 
 
-def test_logits_with_a_cache_step_by_step_equal_the_full_forward(tiny_lm):
+@pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-llama", "tiny_gemma3"])
+def test_logits_with_a_cache_step_by_step_equal_the_full_forward(model, request):
     """LM.logits(ids, cache) extends the cache: one token at a time gives the full forward's logits (the
-    calibration's sampler, data.model_samples, relies on it)."""
-    ids = torch.randint(0, tiny_lm.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
-    full = tiny_lm.logits(ids)
-    cache = tiny_lm.new_cache()
-    steps = torch.cat([tiny_lm.logits(ids[:, t:t + 1], cache) for t in range(6)], 1)
+    calibration's sampler, data.model_samples, relies on it), also past Gemma-3's sliding window (8 here)."""
+    lm = request.getfixturevalue(model) if model == "tiny_gemma3" else load_model(model)
+    ids = torch.randint(0, lm.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    full = lm.logits(ids)
+    cache = lm.new_cache()
+    steps = torch.cat([lm.logits(ids[:, t:t + 1], cache) for t in range(12)], 1)
     assert torch.allclose(steps, full, atol=1e-5, rtol=1e-4)
-    assert not torch.allclose(tiny_lm.logits(ids[:, 5:], tiny_lm.new_cache()), full[:, 5:], atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(lm.logits(ids[:, 11:], lm.new_cache()), full[:, 11:], atol=1e-5, rtol=1e-4)
 
 
 ONE_KEY_ARCHS = {"llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {}, "gemma": {}, "gemma2": {},
