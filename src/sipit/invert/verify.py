@@ -111,17 +111,25 @@ def near_neighbours(embeddings: Tensor, dups: DuplicateClasses, rel: float = NEA
     # one row per duplicate class: Gemma-3 has classes of thousands of identical rows, whose pairs
     # (all inside one class, never near-duplicates) would otherwise fill the screen (100+ GB)
     reps = dups.rep.unique()  # [R] token ids
-    E = embeddings.detach().double().cpu()[reps]
-    radius = rel * E.norm(dim=1)  # [R] relative to each token's own row
-    E = E - E.mean(0)  # distances unchanged
-    basis = torch.linalg.svd(E[:: max(1, len(E) // 4096)], full_matrices=False)[2][:32].T  # [d, k] orthonormal
-    P = E @ basis  # [R, k]
+    rows = embeddings.detach().cpu()
+    # float64 rows are made 16,384 at a time, and whole only once, in the screen's order (a whole copy at each step,
+    # 1.3 GB each for Gemma-3, grew the process's peak by 15 GB)
+    mean = sum(rows[c].double().sum(0) for c in reps.split(1 << 14)) / len(reps)  # [d] (distances unchanged)
+    sample = rows[reps[:: max(1, len(reps) // 4096)]].double() - mean
+    basis = torch.linalg.svd(sample, full_matrices=False)[2][:32].T  # [d, k] orthonormal
+    radius, P = [], []
+    for c in reps.split(1 << 14):
+        x = rows[c].double()
+        radius.append(rel * x.norm(dim=1))  # relative to each token's own row
+        P.append((x - mean) @ basis)
+    radius, P = torch.cat(radius), torch.cat(P)  # [R], [R, k]
     rs = radius * (1 + 1e-9)  # (the projection's rounding)
     width = float(rs.max()) or 1.0  # (all rows zero: one class, one row)
     strip = (P[:, 1] / width).floor().long() if P.shape[1] > 1 else torch.zeros(len(P), dtype=torch.long)
     order = P[:, 0].argsort()
     order = order[strip[order].argsort(stable=True)]  # by strip, then by the first coordinate
-    E, P, radius, rs, reps, strip = E[order], P[order], radius[order], rs[order], reps[order], strip[order]  # (from here on)
+    P, radius, rs, reps, strip = P[order], radius[order], rs[order], reps[order], strip[order]  # (from here on)
+    E = rows[reps].double().sub_(mean)  # [R, d]
     first = P[:, 0].contiguous()
     values, counts = strip.unique_consecutive(return_counts=True)
     ends = counts.cumsum(0).tolist()
@@ -168,7 +176,7 @@ def _close_rows(rows: Tensor, radius: Tensor):
     c = 2γ_{d+4} (γ_n = nu/(1 − nu): the product's accumulated rounding, ≤ γ_d‖x‖‖y‖ twice, the few roundings around
     it and the norms', with room to spare); split into a term per column, in the product, and one per row."""
     low, norm = rows.float(), rows.norm(dim=1)  # [R, d] float32, [R] float64
-    sq = low.double().square().sum(1)  # [R]: of the float32 rows
+    sq = torch.cat([c.double().square().sum(1) for c in low.split(1 << 14)])  # [R]: of the float32 rows
     u = UNIT_ROUNDOFF[torch.float32]
     n = (rows.shape[1] + 4) * u
     c = 2 * n / (1 - n)
