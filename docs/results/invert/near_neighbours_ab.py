@@ -1,5 +1,6 @@
-"""verify.near_neighbours at an older commit and now, on real models' embeddings: seconds of each (2 threads) and
-whether both find the same near-duplicate lists (and the cached file, where a load made one).
+"""verify.near_neighbours at an older commit and now, on real models' embeddings: seconds of each (2 threads), the
+peak memory it adds to the process that loaded the model, and whether both find the same near-duplicate lists (and
+the cached file, where a load made one).
 
     python near_neighbours_ab.py OLD_COMMIT MODEL...        e.g. c0322b0 gemma3-270m smollm2
 
@@ -8,6 +9,7 @@ pays for its fresh memory (Gemma-3-270M's rows in float64 are 1.3 GB), and one p
 the second one the first one's freed pages (35 s where fresh processes take 73-81 s)."""
 import importlib.util
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -38,13 +40,14 @@ def child(version: str, name: str, out: str) -> None:
     module = verify if version == "now" else old_module(version)
     lm = load_model(name)
     E, dups = lm.embedding_rows(), verify.duplicate_classes(lm)
-    seconds = []
+    seconds, loaded = [], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # (KiB)
     for _ in range(2):
         t = time.perf_counter()
         lists = module.near_neighbours(E, dups)
         seconds.append(time.perf_counter() - t)
     cached = cache_dir() / "near" / f"v2-{lm.embedding_fingerprint}-{verify.NEAR_REL:g}.json"
-    json.dump({"seconds": seconds, "lists": lists, "V": E.shape[0], "d": E.shape[1],
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - loaded) / 2 ** 20
+    json.dump({"seconds": seconds, "peak_gib": peak, "lists": lists, "V": E.shape[0], "d": E.shape[1],
                "cached": json.loads(cached.read_text()) if cached.exists() else None}, open(out, "w"))
 
 
@@ -63,9 +66,10 @@ for name in models:
     same = all(r["lists"] == new["lists"] for r in runs["now"] + runs[old_commit])
 
     def s(version):
-        return " / ".join(", ".join(f"{x:.1f}" for x in r["seconds"]) for r in runs[version])
-    line = (f"{name}: V {new['V']:,}, d {new['d']}: {old_commit} {s(old_commit)} s, now {s('now')} s (two processes "
-            f"each, two calls in each); {len(new['lists'])} tokens listed, {sum(map(len, new['lists'].values()))} "
+        return (" / ".join(", ".join(f"{x:.1f}" for x in r["seconds"]) for r in runs[version]) + " s, peak +"
+                + " / ".join(f"{r['peak_gib']:.1f}" for r in runs[version]) + " GiB")
+    line = (f"{name}: V {new['V']:,}, d {new['d']}: {old_commit} {s(old_commit)}, now {s('now')} (two processes each, "
+            f"two calls in each); {len(new['lists'])} tokens listed, {sum(map(len, new['lists'].values()))} "
             f"entries; the same lists: {same}")
     if new["cached"] is not None:
         line += f"; as the cached file: {new['lists'] == new['cached']}"

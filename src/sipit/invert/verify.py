@@ -105,8 +105,9 @@ def near_neighbours(embeddings: Tensor, dups: DuplicateClasses, rel: float = NEA
     norm: 2·10⁷ pairs, whose exact check made this 253 s of its first inversion), a float32 product over every
     dimension prunes them first (_close_rows: 77.7 s, the same lists). The first coordinate alone left
     Gemma-3's rows windows of 12,000 rows; the strips, 5.5× fewer pairs: 12-37 s (75-79 before), Qwen2.5-1.5B
-    14-18 s (20-24), SmolLM2 1.7-2.0 s either way, the same lists (docs/results/invert/near_neighbours_ab.py).
-    embeddings [V, d]; ~V × (mean window) work.
+    14-18 s (20-24), SmolLM2 1.7-2.0 s either way, the same lists; its float64 rows made in chunks: Gemma-3 +1.0-3.7
+    GiB of peak memory where it was +6.3-13.8, Qwen 1.7 (2.5), for ~2 s more on Qwen
+    (docs/results/invert/near_neighbours_ab.py). embeddings [V, d]; ~V × (mean window) work.
     """
     # one row per duplicate class: Gemma-3 has classes of thousands of identical rows, whose pairs
     # (all inside one class, never near-duplicates) would otherwise fill the screen (100+ GB)
