@@ -112,15 +112,15 @@ def near_neighbours(embeddings: Tensor, dups: DuplicateClasses, rel: float = NEA
     # one row per duplicate class: Gemma-3 has classes of thousands of identical rows, whose pairs
     # (all inside one class, never near-duplicates) would otherwise fill the screen (100+ GB)
     reps = dups.rep.unique()  # [R] token ids
-    rows = embeddings.detach().cpu()
+    X = embeddings.detach().cpu()  # [V, d] as given
     # float64 rows are made 16,384 at a time, and whole only once, in the screen's order (a whole copy at each step,
     # 1.3 GB each for Gemma-3, grew the process's peak by 15 GB)
-    mean = sum(rows[c].double().sum(0) for c in reps.split(1 << 14)) / len(reps)  # [d] (distances unchanged)
-    sample = rows[reps[:: max(1, len(reps) // 4096)]].double() - mean
+    mean = sum(X[c].double().sum(0) for c in reps.split(1 << 14)) / len(reps)  # [d] (distances unchanged)
+    sample = X[reps[:: max(1, len(reps) // 4096)]].double() - mean
     basis = torch.linalg.svd(sample, full_matrices=False)[2][:32].T  # [d, k] orthonormal
     radius, P = [], []
     for c in reps.split(1 << 14):
-        x = rows[c].double()
+        x = X[c].double()
         radius.append(rel * x.norm(dim=1))  # relative to each token's own row
         P.append((x - mean) @ basis)
     radius, P = torch.cat(radius), torch.cat(P)  # [R], [R, k]
@@ -130,7 +130,7 @@ def near_neighbours(embeddings: Tensor, dups: DuplicateClasses, rel: float = NEA
     order = P[:, 0].argsort()
     order = order[strip[order].argsort(stable=True)]  # by strip, then by the first coordinate
     P, radius, rs, reps, strip = P[order], radius[order], rs[order], reps[order], strip[order]  # (from here on)
-    E = rows[reps].double().sub_(mean)  # [R, d]
+    E = X[reps].double().sub_(mean)  # [R, d]
     first = P[:, 0].contiguous()
     values, counts = strip.unique_consecutive(return_counts=True)
     ends = counts.cumsum(0).tolist()
