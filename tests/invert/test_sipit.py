@@ -685,7 +685,7 @@ def test_smollm2_tokens_7_and_8_collide_at_position_0_of_layer_15():
 @pytest.mark.gemma
 def test_gemma_learned_policy_low_layer_with_bos():
     """Gemma-3-270M's BOS inverted like any token by the learned policy, fast calibration (a full one, 262,144
-    tokens of position-0 table and the model's own samples, took 280-400 s of the suite on this project's CPU; it
+    tokens of position-0 table and the model's own samples, took 357-406 s of the suite on this project's CPU; it
     is the same code as SmolLM2's full calibration above, and the sampler's cache on Gemma-3's sliding window is
     tested on a tiny model: tests/models/test_lm.py)."""
     from sipit.invert.learned.config import calibration_config
