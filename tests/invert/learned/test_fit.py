@@ -67,6 +67,28 @@ def test_lm_prior_only_at_the_last_layer_of_plain_states(lm):
 
 
 
+def test_the_gate_rows_are_observed_whole_only_where_a_lens_or_the_lm_prior_reads_them(lm):
+    """The random-id gate rows place the LM prior's or the lens's gate, which read all their positions; without
+    either only their position 0 is read (fast mode's position-0 gain and screen), so only it is observed."""
+    def gate_lengths(tap, config, to_last=None):  # the lengths of the gate rows observed ([gate_rows, S])
+        lengths = []
+
+        def observe(ids):
+            if ids.shape[0] == config.gate_rows and ids.shape[1] != config.seq_len:  # (not a text batch)
+                lengths.append(ids.shape[1])
+            return [tap.states(ids)]
+        cal = next(fit_calibrations([tap], observe, config, to_last and (lambda ids: [*observe(ids), to_last(ids)])))
+        return lengths, cal
+
+    last = LayerTap(lm, lm.n_layers)
+    plain, cal = gate_lengths(LayerTap(lm, 2), replace(SAMPLED, lens_rows=0))
+    assert plain == [1] and cal.lens_w is None and not cal.has_prior
+    prior, cal = gate_lengths(last, SAMPLED)
+    assert prior == [20] and cal.has_prior
+    lensed, cal = gate_lengths(LayerTap(lm, 1), replace(SAMPLED, lens_rows=2), last.states)
+    assert lensed == [20] and cal.lens_w is not None and cal.lens_gate is not None
+
+
 def test_the_head_screen_takes_the_smallest_rank_that_guesses_as_well_as_the_whole_head(lm):
     """The LM prior's screen reads the head in a subspace of head_rank, doubled until its guesses on the validation
     text rows are wrong no more often than the whole head's; at full rank the screen is the head's own rows."""
@@ -183,8 +205,8 @@ def test_passes_count_the_model_weights_taken_only_where_the_pass_runs_them(lm, 
 
 def test_fast_mode_observes_only_the_sampled_tokens_at_position_0(lm):
     """A fast calibration never computes the table: of the position-0-only rows observed (ids [B, 1]),
-    there are exactly table_tokens and the first tokens it keeps, and what it stores is a model of every token,
-    not a table."""
+    there are exactly table_tokens, the first tokens it keeps and the gate's random-id rows (read at position 0
+    only: no lens, no LM prior), and what it stores is a model of every token, not a table."""
     tap = LayerTap(lm, 2)
     first_only = []
 
@@ -195,7 +217,7 @@ def test_fast_mode_observes_only_the_sampled_tokens_at_position_0(lm):
 
     cal = next(fit_calibrations([tap], observe, replace(SAMPLED, first_tokens=16)))
     assert 16 <= len(cal.first_ids) < 32
-    assert sum(first_only) == SAMPLED.table_tokens + len(cal.first_ids) < lm.vocab_size
+    assert sum(first_only) == SAMPLED.table_tokens + len(cal.first_ids) + SAMPLED.gate_rows < lm.vocab_size
     assert cal.table is None and cal.t_proj is None and cal.gain0 in SAMPLED.gains
     assert cal.p0_sq.shape == (lm.vocab_size,) and cal.P.shape == (lm.vocab_size, lm.d_model)
     assert cal.key != calibrate(tap, FAST).key

@@ -439,6 +439,12 @@ def observes_plain_states(tap) -> bool:
     return getattr(tap, "plain_states", False)  # LayerTap: True; surfaces: False
 
 
+def lm_prior_fitted(tap) -> bool:
+    """Whether the tap's calibration gets the LM prior: plain states at the model's last layer (depth, not
+    n_layers: max_layer may cut the model)."""
+    return observes_plain_states(tap) and tap.layer == tap.lm.depth
+
+
 @torch.no_grad()  # (around each step of the generator)
 def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig, observe_to_last: Observe | None = None,
                      observe_exact: Observe | None = None) -> Iterator[Calibration]:
@@ -473,6 +479,8 @@ def fit_calibrations(taps: list, observe: Observe, cfg: LearnedConfig, observe_t
     val = calibration_ids(lm, cfg.validation_rows * cfg.seq_len, cfg.seq_len, cfg.random_fraction, seed=1)
     val = val[:, :VALIDATION_LEN].to(lm.device)
     gate = random_ids(lm.vocab_size, cfg.gate_rows, VALIDATION_LEN, seed=2).to(lm.device)
+    if not (with_lens or any(lm_prior_fitted(tap) for tap in taps)):  # only a gate reads past position 0
+        gate = gate[:, :1]  # (fast mode's position-0 gain and screen: 128 × 19 tokens through the blocks spared)
     H_val, H_gate = observe(val), observe(gate)
     shared = (time.perf_counter() - t0) / len(taps)
     for j, tap in enumerate(taps):
@@ -494,7 +502,7 @@ def _calibration(tap, cfg: LearnedConfig, E: Tensor, model: dict, table: Tensor 
     _forward_models'), its position 0 from its table or (fast mode) its model (pos0: position0_models'; gram0: the
     Gram of the embedding rows less its mx0), the gains and screening rank chosen on the
     validation rows (ids [n, S], states [n, S, d]) and the LM or lens prior's gate placed on the random-id rows
-    (gate: the same)."""
+    (gate: the same; S = 1 where neither prior reads them: fast mode's position 0 only)."""
     (val, H_val), (gate_ids, H_gate) = validation, gate
     P, P_sq = predictions(E, model["mx"], model["A"], table)  # float32 products suffice here
     if pos0 is not None:  # position 0's gain from the fresh rows' first positions (text and random ids)
@@ -509,7 +517,7 @@ def _calibration(tap, cfg: LearnedConfig, E: Tensor, model: dict, table: Tensor 
         fits16 = bool(low > -6e4) and bool(high < 6e4)
         first = _table_subspace(table.half() if fits16 else table, min(cfg.table_rank, table.shape[1]))
     cal = _screening(dict(model, P=P, P_sq=P_sq, **first), H_val.float(), val, cfg, tap)
-    if observes_plain_states(tap) and tap.layer == tap.lm.depth:  # not n_layers: max_layer may cut the model
+    if lm_prior_fitted(tap):
         _lm_prior(cal, tap, (val, H_val), H_gate, cfg)
     if cal.lens_w is not None:
         _lens_gate(cal, tap, H_gate, cfg)
