@@ -189,8 +189,8 @@ def lens_fitted(tap, config: LearnedConfig) -> bool:
     LENS_SHARE of the calibration's own (its tokens and position-0 states through the blocks below): low layers
     would pay much of a calibration for it and gain little (SmolLM2, seed-5 bench prompts, wrong first guesses of
     760 without → with a lens of 256 rows, fast calibrations: layer 2 10 → 7, 4 22 → 21, 8 46 → 47, 15 64 → 60,
-    20 76 → 66; full: 8 26 → 22, 15 45 → 36). SmolLM2: layers ≥ 5 (full) and ≥ 14 (fast) of 30, as when the lens
-    had 256 rows and the share was 1."""
+    20 76 → 66; full: 8 26 → 22, 15 45 → 36). SmolLM2: layers ≥ 5 of 30, as when the lens had 256 rows and the
+    share was 1 (fast calibrations have none: LearnedConfig.fast)."""
     lm = tap.lm
     if not (config.lens_rows > 0 and getattr(tap, "plain_states", False) and lm.tokenizer is not None
             and tap.layer < lm.depth == lm.n_layers):

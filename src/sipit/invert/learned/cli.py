@@ -12,7 +12,7 @@ def add_calibration_option(parser, default: str = "full") -> None:
 
     parser.add_argument("--calibration", default=default, choices=CALIBRATIONS,
                         help="learned policy: full (every token's position-0 state, certified bounds there) "
-                             "or fast (a sample of 4,096 of them and 16k tokens of text: minutes less at deep "
+                             "or fast (a sample of 4,096 of them and 16k tokens of text, no lens: minutes less at deep "
                              "layers and big vocabularies, a weaker ranker, still exact); each cached on its own "
                              f"(default {default})")
 
