@@ -10,7 +10,8 @@ work=${WORK:-/tmp/sipit-first-inversion}
 rm -rf "$work" && mkdir -p "$work/cache/dequantized"
 model=${MODEL:-smollm2}
 cp -r "${SIPIT_CACHE:-$HOME/.cache/sipit}"/dequantized/${WEIGHTS:-SmolLM2*} "$work/cache/dequantized/"  # (sipit loads the current one)
-echo "$model: commit $(git rev-parse --short HEAD) $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
+code=$(python -c "import pathlib, sipit; print(pathlib.Path(sipit.__file__).parent)")  # (PYTHONPATH may name another checkout)
+echo "$model: commit $(git -C "$code" rev-parse --short HEAD) $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
 for L in ${LAYERS:-1 15 30}; do
     SIPIT_CACHE=$work/cache python -m sipit capture --model $model --layer $L --corpus prose:2,code:2,random:1 \
         -o "$work/s$L.safetensors" > /dev/null 2>&1

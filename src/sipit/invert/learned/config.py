@@ -64,8 +64,8 @@ class LearnedConfig:
     def fast(cls) -> "LearnedConfig":
         """Fast calibration (`--calibration fast`): no position-0 table, a third of the fitted tokens, no lens.
         It is what a first inversion at a new layer pays for; the lens's pass and the gate rows it reads were a
-        third of it at SmolLM2 layer 15 (the first inversion of 5 prompts 56.5 / 58.2 → 45.2 / 48.7 s on this
-        project's AVX2-only EPYC, first_inversion_ab.sh) for a few wrong guesses more (fresh seeds
+        third of it at SmolLM2 layer 15 (the first inversion of 5 prompts 58.8 / 60.3 → 47.0 / 51.5 s on this
+        project's AVX2-only EPYC, first_inversion_ab-15-125adca.txt) for a few wrong guesses more (fresh seeds
         1049 / 1051, 760 positions each: layer 15 47 / 49 → 50 / 58 wrong, 113 / 92 → 102 / 99 passes of 40 prompts;
         layer 22 64 / 81 → 84 / 89, 145 / 139 → 154 / 145; Gemma-3-270M layer 9, seed 1049, 62.9 → 51.4 s: 9 → 21,
         56 → 78; docs/results/invert/lens_rows_ab.py): a full calibration keeps it."""
