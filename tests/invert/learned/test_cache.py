@@ -110,6 +110,7 @@ def test_default_key_unchanged_and_fast_mode_keyed_apart():
     assert calibration_key(LayerTap(lm, 2), LearnedConfig()).endswith("-L2-3da076ca45cb")
     fast = calibration_config("fast")
     assert fast.table_tokens == 4096 and fast.calibration_tokens == 16384 and "'first_tokens': 1024" in fast.fit_key()
+    assert "'lens_rows': 0" in fast.fit_key()  # (no lens: a first inversion's calibration, LearnedConfig.fast)
     assert cache_path(LayerTap(lm, 2), fast) != cache_path(LayerTap(lm, 2), LearnedConfig())
     assert cache_path(LayerTap(lm, 2), SAMPLED) != cache_path(LayerTap(lm, 2), FAST)
     assert learned_config(InvertConfig(learned=fast)) is fast

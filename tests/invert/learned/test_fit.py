@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sipit.invert.learned import Calibration, calibrate, calibrate_layers, data
-from sipit.invert.learned.fit import Moments, TokenMoments, _smallest_as_good, fit_calibrations
+from sipit.invert.learned.fit import VALIDATION_LEN, Moments, TokenMoments, _smallest_as_good, fit_calibrations
 from sipit.models import LayerTap
 
 from .conftest import FAST, SAMPLED
@@ -77,16 +77,17 @@ def test_the_gate_rows_are_observed_whole_only_where_a_lens_or_the_lm_prior_read
             if ids.shape[0] == config.gate_rows and ids.shape[1] != config.seq_len:  # (not a text batch)
                 lengths.append(ids.shape[1])
             return [tap.states(ids)]
-        cal = next(fit_calibrations([tap], observe, config, to_last and (lambda ids: [*observe(ids), to_last(ids)])))
+        with_last = (lambda ids: [*observe(ids), to_last(ids)]) if to_last else None  # (the lens's rows)
+        cal = next(fit_calibrations([tap], observe, config, with_last))
         return lengths, cal
 
     last = LayerTap(lm, lm.n_layers)
     plain, cal = gate_lengths(LayerTap(lm, 2), replace(SAMPLED, lens_rows=0))
     assert plain == [1] and cal.lens_w is None and not cal.has_prior
     prior, cal = gate_lengths(last, SAMPLED)
-    assert prior == [20] and cal.has_prior
+    assert prior == [VALIDATION_LEN] and cal.has_prior
     lensed, cal = gate_lengths(LayerTap(lm, 1), replace(SAMPLED, lens_rows=2), last.states)
-    assert lensed == [20] and cal.lens_w is not None and cal.lens_gate is not None
+    assert lensed == [VALIDATION_LEN] and cal.lens_w is not None and cal.lens_gate is not None
 
 
 def test_the_head_screen_takes_the_smallest_rank_that_guesses_as_well_as_the_whole_head(lm):
@@ -114,7 +115,7 @@ def test_the_head_screen_takes_the_smallest_rank_that_guesses_as_well_as_the_who
 def test_the_gate_is_placed_on_what_the_ranker_reads(lm, final_norm):
     """The LM prior's gate sits gate_margin above the 99th percentile of the random-id rows' mean log-probs as the
     ranker computes them at run time, states normed once: already normed ones (final_norm) are not normed again."""
-    from sipit.invert.learned.fit import VALIDATION_LEN, _above_random, _ranker
+    from sipit.invert.learned.fit import _above_random, _ranker
 
     tap = LayerTap(lm, lm.n_layers, final_norm=final_norm)
     cal = calibrate(tap, FAST)
