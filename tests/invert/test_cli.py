@@ -48,7 +48,11 @@ def test_output_directory_and_one_file_unchanged(two_files, tmp_path, capsys):
                                                       "b.results.jsonl", "b.results.summary.json"]
     capsys.readouterr()
     assert invert(two_files / "a.safetensors", "-o", tmp_path / "one.jsonl") == 0  # one file: -o is the JSONL
-    assert "[1] recovered: 'the cat'" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "[1] recovered: 'the cat'" in out
+    # the per-prompt seconds say they are a median, next to the whole inversion's and the one-time costs
+    assert "s per prompt (median; " in out and "s in all, +" in out and "s one-time calibration, +" in out
+    assert "s measuring eps)" in out
     assert (tmp_path / "one.jsonl").exists() and (tmp_path / "one.summary.json").exists()
 
 

@@ -22,6 +22,7 @@ cached on disk: a load with max_layer finds what the whole model measured.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -58,6 +59,7 @@ class Tolerance:
     dtype_roundoff: float  # unit roundoff of the observed states' dtype
     source: str  # "measured" | "given"
     observation_error: float = 0.0  # added to ε: the observations' own error (storage, logits, noise)
+    seconds: float = 0.0  # spent on it now: measuring the noise the first time a tap is used, ~0 once cached
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -160,10 +162,11 @@ def tolerance_for(tap, dtypes, eps: float | None = None, batch_size: int = 256,
     u = max(UNIT_ROUNDOFF.get(dt, 2.0 ** -8) for dt in dtypes)
     if eps is not None:
         return Tolerance(eps=eps, noise=None, noise_per_position=None, factor=None, dtype_roundoff=u, source="given")
+    start = time.perf_counter()
     per_position = noise_profile(tap, batch_size)
     noise = max(max(per_position), FLOOR_ULPS * UNIT_ROUNDOFF[torch.float32])
     coarsest = max(dtypes, key=lambda dt: UNIT_ROUNDOFF.get(dt, 2.0 ** -8))
     factor = HALF_FACTOR if tap.lm.dtype in (torch.bfloat16, torch.float16) else FACTOR
     return Tolerance(eps=tolerance(coarsest, factor * noise) + observation_error, noise=noise,
                      noise_per_position=per_position, factor=factor, dtype_roundoff=u, source="measured",
-                     observation_error=observation_error)
+                     observation_error=observation_error, seconds=round(time.perf_counter() - start, 2))
