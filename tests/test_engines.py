@@ -169,8 +169,7 @@ def test_batch_inversion_ray_equals_local(lm, ray_engine, tmp_path):
                        progress=False)
     assert [p.ids for p in got.prompts] == [p.ids for p in want.prompts] == ids
     assert all(p.exact for p in got.prompts)
-    strip = lambda d: {k: v for k, v in d.items() if "seconds" not in k}  # noqa: E731
-    assert strip(got.summary()) == strip(want.summary())
+    assert stable(got.summary()) == stable(want.summary())  # (timings at any depth: ε's measuring seconds too)
     assert len(list((tmp_path / "parts").glob("chunk_*.pkl"))) == 3
     # a rerun resumes from the parts (no task runs); other inputs are refused
     again = invert_batch(_NoTasks(), lm, states, 2, config, true_ids=ids, chunk=2, parts_dir=tmp_path / "parts",
