@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A model's first inversion at a new layer, as a user meets it: 5 captured prompts (2 prose, 2 code, 1 random ids)
-# inverted with `--calibration fast` on a cache that holds only the dequantized weights (no calibration, no eps, no
+# inverted with `--calibration fast` on a cache that holds only the model's weights (no calibration, no eps, no
 # near-duplicates: the first layer run pays for the model's), wall seconds per layer. Run from the repository root with
 # the venv active (SmolLM2 at layers 1, 15, 30 unless MODEL, WEIGHTS (its dequantized folder's pattern) and LAYERS say):
 #   bash docs/results/invert/first_inversion.sh > docs/results/invert/first-inversion-smollm2-COMMIT.log
@@ -9,7 +9,11 @@ set -euo pipefail
 work=${WORK:-/tmp/sipit-first-inversion}
 rm -rf "$work" && mkdir -p "$work/cache/dequantized"
 model=${MODEL:-smollm2}
-cp -r "${SIPIT_CACHE:-$HOME/.cache/sipit}"/dequantized/${WEIGHTS:-SmolLM2*} "$work/cache/dequantized/"  # (sipit loads the current one)
+cache=${SIPIT_CACHE:-$HOME/.cache/sipit}
+cp -r "$cache"/dequantized/${WEIGHTS:-SmolLM2*} "$work/cache/dequantized/"  # (sipit loads the current one)
+# a multi-part model's GGUF is assembled into the cache, and its dequantized copy is keyed by that file's path: the
+# work cache links to the same folder, or its first layer would assemble and dequantize the model again
+[ -d "$cache/gguf" ] && ln -s "$(realpath "$cache/gguf")" "$work/cache/gguf"
 code=$(python -c "import pathlib, sipit; print(pathlib.Path(sipit.__file__).parent)")  # (PYTHONPATH may name another checkout)
 echo "$model: commit $(git -C "$code" rev-parse --short HEAD) $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
 for L in ${LAYERS:-1 15 30}; do
