@@ -94,14 +94,17 @@ def test_a_load_with_max_layer_finds_the_whole_models_noise_and_near_duplicates(
     assert noise_profile(LayerTap(cut, 2), batch_size=64) == noise and near_duplicates(cut) == near
 
 
-def test_tolerance_says_how_long_measuring_it_took(tmp_path, monkeypatch):
-    """A first inversion's ε is measured (many small passes: seconds at deep layers), then cached: the Tolerance
-    records the time it cost now, so a run's summary can say where its seconds went."""
+def test_tolerance_says_how_long_measuring_it_took(tmp_path, monkeypatch, capsys):
+    """A first inversion's ε is measured (many small passes: seconds at deep layers), then cached: the run says so
+    while it waits, and the Tolerance records the time it cost now, so a run's summary can say where its seconds went."""
     monkeypatch.setenv("SIPIT_CACHE", str(tmp_path))
     monkeypatch.setattr(eps, "_MEMO", {})
     monkeypatch.setattr(eps, "measure_noise", lambda *a: time.sleep(0.2) or [1e-7] * eps.LENGTH)
     tap = LayerTap(tiny_model("llama"), 2)
-    measured, cached = tolerance_for(tap, {torch.float32}), tolerance_for(tap, {torch.float32})
+    measured = tolerance_for(tap, {torch.float32})
+    assert "measuring the recomputation noise that sets eps for tiny-llama L2 (one-time" in capsys.readouterr().err
+    cached = tolerance_for(tap, {torch.float32})
+    assert capsys.readouterr().err == ""  # (cached: nothing to say)
     assert measured.seconds >= 0.2 > cached.seconds and measured.eps == cached.eps
     assert tolerance_for(tap, {torch.float32}, eps=1e-3).seconds == 0.0  # given: nothing measured
 

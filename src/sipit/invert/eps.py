@@ -22,6 +22,7 @@ cached on disk: a load with max_layer finds what the whole model measured.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -150,6 +151,9 @@ def noise_profile(tap, batch_size: int = 256) -> list[float]:
         try:
             _MEMO[name] = json.loads(path.read_text())["noise_per_position"]
         except (OSError, ValueError, KeyError):
+            # (~130 small passes: seconds at a deep layer, where nothing else says what the run is doing)
+            print(f"sipit: measuring the recomputation noise that sets eps for {lm.name} {tap.key} (one-time; "
+                  f"cached in {path.parent})", file=sys.stderr)
             _MEMO[name] = measure_noise(tap, batch_size)
             write_json(path, dict(noise_per_position=_MEMO[name], tap=tap.key, fingerprint=weights))
     return _MEMO[name]
