@@ -38,6 +38,34 @@ def tiny_gemma3():
     return LM("tiny-gemma3", Gemma3ForCausalLM(config).eval(), None)
 
 
+LAYOUTS = {  # Hugging Face decoders laid out unlike Llama: their blocks below the base model (OPT; Llama-4's text
+    #          model, whose base-model prefix names no attribute), attention biased by a key's index (ALiBi: BLOOM, MPT),
+    #          an attention module named self_attention (BLOOM, Falcon)
+    "opt": dict(ffn_dim=64, word_embed_proj_dim=32, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "llama4_text": dict(num_key_value_heads=2, head_dim=8, intermediate_size_mlp=64, num_local_experts=2,
+                        pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "bloom": dict(n_layer=3, n_head=4),
+    "mpt": dict(d_model=32, n_layers=3, n_heads=4),
+    "falcon": {},
+}
+
+
+@pytest.fixture(scope="session")
+def small_decoder():
+    """small_decoder(model_type) -> a 3-block random LM of a LAYOUTS model type (d = 32, V = 96), no tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from sipit.models.lm import LM
+
+    def build(model_type: str) -> LM:
+        config = AutoConfig.for_model(model_type, vocab_size=96, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=3, num_attention_heads=4, **LAYOUTS[model_type])
+        torch.manual_seed(0)
+        return LM(model_type, AutoModelForCausalLM.from_config(config).eval(), None)
+
+    return build
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     return load_model("smollm2")

@@ -143,3 +143,22 @@ def test_extend_many_with_a_sliding_window(tiny_gemma3):
         nxt = torch.randint(0, 256, (1, 2), generator=g)
         full = tap.states(torch.cat([grown_prefix.ids[None], nxt], 1))[:, -2:]
         assert torch.allclose(tap.extend(grown_prefix, nxt), full, rtol=1e-5, atol=1e-5 * float(full.abs().max()))
+
+
+@pytest.mark.parametrize("model_type", ["opt", "llama4_text", "bloom", "mpt", "falcon"])
+def test_passes_of_decoders_laid_out_unlike_llama_equal_the_full_forward(small_decoder, model_type):
+    """OPT's blocks under base.decoder, Llama-4's under a base model named otherwise, ALiBi's biases by a key's index
+    (BLOOM, MPT: a flat pass or a cache padded to a longer prefix would move the keys), Falcon: every pass the loop
+    uses, each layout asked for, gives the states of one full forward of the same tokens."""
+    lm = small_decoder(model_type)
+    tap = LayerTap(lm, 3)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, lm.vocab_size, (4, 12), generator=g)
+    full = tap.states(ids)  # [4, 12, d]
+    spans = [(0, 0, 5), (1, 2, 3), (2, 7, 4), (3, 4, 1)]  # (prompt, prefix length, new tokens)
+    requests = [(tap.prefill(ids[p, :t]), ids[p, t:t + k][None]) for p, t, k in spans]
+    for layout in (None, "flat", "padded"):
+        for (p, t, k), (h, _) in zip(spans, tap.extend_many(requests, layout=layout)):
+            assert torch.allclose(h[0], full[p, t:t + k], rtol=1e-5, atol=1e-5 * float(full[p].abs().max()))
+        h = tap.extend(requests[2][0], ids[2, 7:9][None], layout=layout)  # one request alone
+        assert torch.allclose(h[0], full[2, 7:9], rtol=1e-5, atol=1e-5 * float(full[2].abs().max()))

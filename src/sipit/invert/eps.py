@@ -32,8 +32,9 @@ from ..io import write_json
 from ..models.load import cache_dir
 from .verify import UNIT_ROUNDOFF, rel_distance, tolerance
 
-VERSION = 5  # of the cached noise profile (3: keyed by the blocks the tap reads; 4: flat candidate passes; 5: position
-#              1 on the prefixes the loop's own passes leave, alone and in lock-step)
+VERSION = 6  # of the cached noise profile (3: keyed by the blocks the tap reads; 4: flat candidate passes; 5: position
+#              1 on the prefixes the loop's own passes leave, alone and in lock-step; 6: ALiBi models' passes keep
+#              every key at its position, where flat ones had shifted them: MPT's noise was that of a wrong model)
 FACTOR = 50.0  # ε = FACTOR × the largest measured noise: headroom for paths and prompts not measured
 #                (SmolLM2 layer 30: position 1 after " proof" showed 3.3e-5 where the calibration measured 4.3e-6)
 HALF_FACTOR = 4.0  # the same for bf16/fp16 models, whose rounding dominates every path alike: random:llama-3.1-8b

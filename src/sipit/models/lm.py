@@ -48,7 +48,7 @@ class LM:
     tokenizer: object | None
     precision: str = "fp32"  # see models/precision.py
     full_layers: int | None = None  # the architecture's depth; None = all blocks are loaded
-    base: nn.Module = field(init=False)  # model.model / model.transformer
+    base: nn.Module = field(init=False)  # model.model / model.transformer: the decoder without its head
     blocks: nn.ModuleList = field(init=False)
     embed: nn.Module = field(init=False)
     norm: nn.Module = field(init=False)
@@ -56,7 +56,7 @@ class LM:
 
     def __post_init__(self):
         self.model.eval().requires_grad_(False)
-        self.base = self.model.base_model
+        self.base = _find_base(self.model)
         self.blocks = _find_blocks(self.base, self.model.config)
         self.embed = self.model.get_input_embeddings()
         self.norm = _find_final_norm(self.base, self.blocks)
@@ -106,6 +106,14 @@ class LM:
         """The architecture's number of blocks: layer `depth` is the last (the LM head reads it),
         also when only the first `n_layers` blocks were loaded."""
         return self.full_layers or self.n_layers
+
+    @property
+    def keys_by_index(self) -> bool:
+        """Whether attention biases each key by its index in the pass (ALiBi: BLOOM, MPT, Falcon's ALiBi variant)
+        rather than reading positions from position_ids: a key's index must then be its position (models/tap.py)."""
+        text = self.model.config.get_text_config()
+        return text.model_type == "bloom" or bool(getattr(text, "alibi", False)) or \
+            bool(getattr(getattr(text, "attn_config", None), "alibi", False))
 
     @property
     def fingerprint(self) -> str:
@@ -386,19 +394,37 @@ def _combine(header: str, digests: list[bytes]) -> str:
     return h.hexdigest()[:16]
 
 
+def _find_base(model: nn.Module) -> nn.Module:
+    """The decoder without its head: model.base_model, or where that is the model itself (Llama-4's text model
+    names its base prefix after an attribute it does not have) the child that holds the blocks."""
+    base = model.base_model
+    if base is not model:
+        return base
+    for child in model.children():
+        if any(isinstance(m, nn.ModuleList) and len(m) > 0 for m in child.modules()):
+            return child
+    raise ModelError(f"{type(model).__name__}: no decoder holding transformer blocks found")
+
+
 def _find_blocks(base: nn.Module, config) -> nn.ModuleList:
+    """The ModuleList of transformer blocks: base's own (Llama, GPT-2, ...) or, where it has none, the first one
+    further down (OPT: base.decoder.layers); one of num_hidden_layers blocks where there are several."""
     n = getattr(config.get_text_config(), "num_hidden_layers", None)
-    lists = [m for m in base.children() if isinstance(m, nn.ModuleList) and len(m) > 0]
-    lists = [m for m in lists if n is None or len(m) == n] or lists
-    if not lists:
-        raise ModelError(f"{type(base).__name__}: no ModuleList of transformer blocks found")
-    return lists[0]
+    for modules in (base.children(), base.modules()):
+        lists = [m for m in modules if isinstance(m, nn.ModuleList) and len(m) > 0]
+        lists = [m for m in lists if n is None or len(m) == n] or lists
+        if lists:
+            return lists[0]
+    raise ModelError(f"{type(base).__name__}: no ModuleList of transformer blocks found")
 
 
 def _find_final_norm(base: nn.Module, blocks: nn.ModuleList) -> nn.Module:
-    for name in ("norm", "ln_f", "final_layer_norm", "final_layernorm", "final_norm"):
-        if isinstance(getattr(base, name, None), nn.Module):
-            return getattr(base, name)
+    """The norm after the last block, beside the blocks (OPT: base.decoder.final_layer_norm) or on base."""
+    owner = next(m for m in base.modules() if any(c is blocks for c in m.children()))
+    for module in dict.fromkeys([owner, base]):
+        for name in ("norm", "ln_f", "final_layer_norm", "final_layernorm", "final_norm"):
+            if isinstance(getattr(module, name, None), nn.Module):
+                return getattr(module, name)
     norms = [m for m in base.children() if "norm" in type(m).__name__.lower()]
     if not norms:
         raise ModelError(f"{type(base).__name__}: no final norm module found")
@@ -422,7 +448,7 @@ def cache_keyword(module: nn.Module) -> str:
 def attention_module(lm: LM, block: int) -> torch.nn.Module:
     """The attention module of block `block` (0-based)."""
     b = lm.blocks[block]
-    for name in ("self_attn", "attn", "attention"):
+    for name in ("self_attn", "attn", "attention", "self_attention"):  # (BLOOM, Falcon: self_attention)
         if hasattr(b, name):
             return getattr(b, name)
     raise ModelError(f"{lm.name}: block {block} has no attention module")

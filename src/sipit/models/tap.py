@@ -287,7 +287,7 @@ class LayerTap:
         row b, made from this call's cache (no recomputation; ids must be [B, k]).
         layout: "padded" (a batch of B rows, each with its own copy of the prefix's cache), "flat"
         (_extend_flat: one row holding the prefix once and every candidate's tokens; padded where the
-        rows reach a sliding window, which a flat pass's mask does not have), or None: whichever `pack`
+        rows need their keys in place: _in_place), or None: whichever `pack`
         estimates cheaper (SmolLM2 layer 15, 256 candidates after 200 / 600 tokens: padded 522 / 1,248 ms,
         flat 177 / 222 ms; docs/results/invert/flat_passes.py).
         """
@@ -296,7 +296,7 @@ class LayerTap:
             return self.extend(prefix, ids[:, None], layout=layout)[:, 0]
         if layout not in (None, "flat", "padded"):
             raise ValueError(f"layout must be 'flat', 'padded' or None, got {layout!r}")
-        if self._slides(prefix.length, ids.shape[1]):
+        if self._in_place(prefix.length, ids.shape[1]):
             layout = "padded"
         elif layout is None:
             layout = "flat" if pack([(prefix.length, *ids.shape)], FLAT_KEYS, *self._costs)[0][1] else "padded"
@@ -324,13 +324,13 @@ class LayerTap:
         (a request larger alone runs alone), each padded (_extend_padded: rows padded to the longest,
         caches to the longest prefix, the padding masked out) or flat (_extend_flat: every row's tokens
         in one sequence), whichever its estimated cost favours. Requests whose positions reach a
-        sliding window (Gemma-3, Mistral) never go flat (a flat pass's mask has no window) and share
-        padded passes only with those of their prefix length (padding would shift the window).
+        sliding window (Gemma-3, Mistral), and every request of an ALiBi model (BLOOM, MPT), never go flat and
+        share padded passes only with those of their prefix length (_in_place).
         layout: "padded" or "flat" makes every pass that one where it may be (eps.measure_noise measures both).
         -> per request (states [B_i, k_i, dim], grown(b, n) -> Prefix)."""
         groups: dict = {}
         for i, (prefix, rows) in enumerate(requests):
-            groups.setdefault(prefix.length if self._slides(prefix.length, rows.shape[1]) else None, []).append(i)
+            groups.setdefault(prefix.length if self._in_place(prefix.length, rows.shape[1]) else None, []).append(i)
         out: list = [None] * len(requests)
         for length, members in groups.items():
             members = sorted(members, key=lambda i: -requests[i][1].shape[1])
@@ -394,11 +394,13 @@ class LayerTap:
             at += n * k
         return results
 
-    def _slides(self, t: int, k: int) -> bool:
-        """Whether rows of k tokens after a t-token prefix reach the attention window of the model's
-        sliding layers (Gemma-3, Mistral): a flat pass's mask has no window, so such rows are padded."""
+    def _in_place(self, t: int, k: int) -> bool:
+        """Whether rows of k tokens after a t-token prefix need every key at the index of its position, so go padded,
+        sharing a pass only with rows after prefixes of their length: where they reach the attention window of the
+        model's sliding layers (Gemma-3, Mistral; a flat pass's mask has no window, padding would shift it), and
+        always where attention biases a key by its index (ALiBi: BLOOM, MPT; LM.keys_by_index)."""
         window = getattr(self.lm.model.config, "sliding_window", None)
-        return bool(window) and t + k >= window - 1
+        return self.lm.keys_by_index or (bool(window) and t + k >= window - 1)
 
     def _extend_padded(self, requests: list[tuple[Prefix, Tensor]]) -> list[tuple[Tensor, object]]:
         """One forward pass for several requests (extend_many): caches padded to the longest prefix P
