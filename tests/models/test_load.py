@@ -184,6 +184,47 @@ def test_hf_directory_loads_in_bf16_directly(hf_dir, monkeypatch):
     assert torch.equal(lm.embed.weight, ref.embed.weight.bfloat16())
 
 
+@pytest.mark.parametrize("model_type", ["llava", "mistral3", "qwen2_vl", "gemma3"])
+def test_image_text_directory_loads_its_language_model(saved_tiny, tmp_path, model_type):
+    """An image-text model's directory (no causal-LM class but Gemma-3's) loads whole or to max_layer, and the LM reads
+    its language model, not the vision tower whose block list is as long here (3): states equal the model's own
+    hidden_states, and text inverts exactly."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from sipit.invert import invert
+
+    tok = saved_tiny("tiny-llama")[0].tokenizer
+    V = len(tok)
+    text = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = {"llava": dict(text_config=dict(text, model_type="llama"), image_token_index=V - 1,
+                            vision_config=dict(vision, model_type="clip_vision_model")),
+              "mistral3": dict(text_config=dict(text, model_type="mistral"), image_token_index=V - 1,
+                               vision_config=dict(vision, model_type="pixtral", head_dim=8)),
+              "qwen2_vl": dict(text_config=dict(text, model_type="qwen2_vl_text",
+                                                rope_scaling=dict(type="mrope", mrope_section=[1, 1, 2])),
+                               vision_config=dict(depth=3, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2),
+                               image_token_id=V - 1, video_token_id=V - 2, vision_start_token_id=V - 3),
+              "gemma3": dict(text_config=dict(text, model_type="gemma3_text"), mm_tokens_per_image=4,
+                             vision_config=dict(vision, model_type="siglip_vision_model"),
+                             image_token_index=V - 1, boi_token_index=V - 2, eoi_token_index=V - 3)}[model_type]
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(AutoConfig.for_model(model_type, **config)).eval()
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    ids = torch.tensor([tok.encode(TEXT)[:10]])
+    with torch.no_grad():
+        hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
+    for max_layer in (None, 2):
+        lm = load_model(str(tmp_path), max_layer=max_layer)
+        assert type(lm.model) is type(model) and len(lm.blocks) == (max_layer or 3)
+        states = LayerTap(lm, 2).states(ids)
+        assert torch.allclose(states, hidden[2], rtol=RTOL, atol=RTOL * float(hidden[2].abs().max()))
+        assert invert(lm, states, 2, progress=False).prompts[0].ids == ids[0].tolist()
+
+
 def test_max_layer_out_of_range(hf_dir):
     with pytest.raises(ModelError, match="max_layer 9 out of range"):
         load_model(hf_dir[1], max_layer=9)

@@ -48,7 +48,7 @@ class LM:
     tokenizer: object | None
     precision: str = "fp32"  # see models/precision.py
     full_layers: int | None = None  # the architecture's depth; None = all blocks are loaded
-    base: nn.Module = field(init=False)  # model.model / model.transformer: the decoder without its head
+    base: nn.Module = field(init=False)  # model.model / model.transformer: the decoder without its head (_find_base)
     blocks: nn.ModuleList = field(init=False)
     embed: nn.Module = field(init=False)
     norm: nn.Module = field(init=False)
@@ -395,36 +395,33 @@ def _combine(header: str, digests: list[bytes]) -> str:
 
 
 def _find_base(model: nn.Module) -> nn.Module:
-    """The decoder without its head: model.base_model, or where that is the model itself (Llama-4's text model
-    names its base prefix after an attribute it does not have) the child that holds the blocks."""
-    base = model.base_model
-    if base is not model:
-        return base
+    """The decoder without its head, the module whose children are the blocks: model.get_decoder() (OPT: its
+    OPTDecoder below OPTModel; an image-text model's language model, not its vision tower, whose block list may be
+    as long), or where that is the model itself (Llama-4's text model) its child holding a block list."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if decoder is not None and decoder is not model:
+        return decoder
+    if model.base_model is not model:
+        return model.base_model
     for child in model.children():
-        if any(isinstance(m, nn.ModuleList) and len(m) > 0 for m in child.modules()):
+        if any(isinstance(m, nn.ModuleList) and len(m) > 0 for m in child.children()):
             return child
     raise ModelError(f"{type(model).__name__}: no decoder holding transformer blocks found")
 
 
 def _find_blocks(base: nn.Module, config) -> nn.ModuleList:
-    """The ModuleList of transformer blocks: base's own (Llama, GPT-2, ...) or, where it has none, the first one
-    further down (OPT: base.decoder.layers); one of num_hidden_layers blocks where there are several."""
     n = getattr(config.get_text_config(), "num_hidden_layers", None)
-    for modules in (base.children(), base.modules()):
-        lists = [m for m in modules if isinstance(m, nn.ModuleList) and len(m) > 0]
-        lists = [m for m in lists if n is None or len(m) == n] or lists
-        if lists:
-            return lists[0]
-    raise ModelError(f"{type(base).__name__}: no ModuleList of transformer blocks found")
+    lists = [m for m in base.children() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    lists = [m for m in lists if n is None or len(m) == n] or lists
+    if not lists:
+        raise ModelError(f"{type(base).__name__}: no ModuleList of transformer blocks found")
+    return lists[0]
 
 
 def _find_final_norm(base: nn.Module, blocks: nn.ModuleList) -> nn.Module:
-    """The norm after the last block, beside the blocks (OPT: base.decoder.final_layer_norm) or on base."""
-    owner = next(m for m in base.modules() if any(c is blocks for c in m.children()))
-    for module in dict.fromkeys([owner, base]):
-        for name in ("norm", "ln_f", "final_layer_norm", "final_layernorm", "final_norm"):
-            if isinstance(getattr(module, name, None), nn.Module):
-                return getattr(module, name)
+    for name in ("norm", "ln_f", "final_layer_norm", "final_layernorm", "final_norm"):
+        if isinstance(getattr(base, name, None), nn.Module):
+            return getattr(base, name)
     norms = [m for m in base.children() if "norm" in type(m).__name__.lower()]
     if not norms:
         raise ModelError(f"{type(base).__name__}: no final norm module found")

@@ -277,8 +277,10 @@ def _check_hf_spec(spec: str):
 def load_hf(source: str | Path, name: str, dtype: torch.dtype, device: torch.device,
             max_layer: int | None = None, device_map: str | dict | None = None) -> LM:
     """An HF id or directory loaded straight in `dtype` onto `device` (or `device_map`), with only
-    blocks 1..max_layer when asked (the config is cut before the weights are read)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    blocks 1..max_layer when asked (the config is cut before the weights are read). An image-text model (Llava,
+    Mistral-3, Qwen2-VL: no causal-LM class) loads whole; its language model is what the LM reads (lm._find_base)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     try:
         config = AutoConfig.from_pretrained(str(source))
@@ -287,7 +289,8 @@ def load_hf(source: str | Path, name: str, dtype: torch.dtype, device: torch.dev
             truncate_config(config, max_layer)
         placement = {"device_map": device_map} if device_map is not None else (
             {"device_map": str(device)} if device.type != "cpu" else {})
-        model = AutoModelForCausalLM.from_pretrained(str(source), config=config, dtype=dtype, **placement)
+        auto = AutoModelForCausalLM if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else AutoModelForImageTextToText
+        model = auto.from_pretrained(str(source), config=config, dtype=dtype, **placement)
         tok = AutoTokenizer.from_pretrained(str(source))
     except ModelError:
         raise
