@@ -1,5 +1,7 @@
 """`sipit bench invert` on a tiny model: every policy on the same prompts, slow ones on a subset."""
-from sipit.bench.invert import Config, first_of_each_kind, interleaved, run
+import pytest
+
+from sipit.bench.invert import Config, first_of_each_kind, interleaved, main, run
 
 
 def test_first_of_each_kind_and_interleaved():
@@ -32,6 +34,10 @@ def test_bench_invert_reports_every_policy_on_the_same_prompts():
     # lock-step: B = 1 and 3 (one batch of 3, the 4th prompt left out); B = 8 > 4 prompts is not run
     assert [(e["batch"], e["batches"], e["prompts"], e["exact"]) for e in learned["lock_step"]] == [(1, 4, 4, 4), (3, 1, 3, 3)]
     assert all(0 < e["ratio_in_passes_median"] < e["ratio_to_batched_forward_median"] for e in learned["lock_step"])
+    # each batch inverted 3 times (the default), the try of median ratio reported
+    for e in learned["lock_step"]:
+        assert e["repeats"] == 3 and [len(t) for t in e["ratio_tries"]] == [3] * e["batches"]
+        assert e["ratio_to_batched_forward"] == [sorted(t)[1] for t in e["ratio_tries"]]
     # a file's way: all 4 prompts, at most B in flight (the 4th too), against the batched forwards of B at a time
     assert [(e["window"]["prompts"], e["window"]["exact"], e["window"]["ok"]) for e in learned["lock_step"]] == [(4, 4, 4)] * 2
     assert all(e["window"]["ratio_to_batched_forwards"] > 0 for e in learned["lock_step"])
@@ -52,3 +58,9 @@ def test_bench_invert_fast_calibration_is_the_fast_one(tmp_path, monkeypatch):
     assert learned["exact"] == 1 and not learned["calibration_cached"]
     tap = LayerTap(load_model("tiny-llama"), 1)
     assert cache_path(tap, calibration_config("fast")).exists() and not cache_path(tap, calibration_config()).exists()
+
+
+def test_bench_invert_refuses_no_repeats(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--model", "tiny-llama", "--batch-repeats", "0"])
+    assert e.value.code == 2 and "--batch-repeats must be at least 1, got 0" in capsys.readouterr().err
