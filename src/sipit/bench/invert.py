@@ -19,9 +19,9 @@ ranks the whole vocabulary at every snap), one-time calibration seconds and the 
 prompt (calibration ÷ N + inversion, N = 1, 100, 10,000), the share of certified positions, ε and
 its headroom, and the cost of `certify` modes (extra seconds per prompt). The learned policy also
 inverts the prompts B at a time in lock-step (`lock_step`, `--batches`): seconds per batch ÷ one
-batched forward pass of the same B prompts (each batch `--batch-repeats` times, the median try), and every prompt as a file goes (`window`: at most B in flight,
-the next starting as one finishes) ÷ the batched forwards of the same prompts B at a time: the throughput a
-file of many captured prompts gets.
+batched forward pass of the same B prompts (each batch `--batch-repeats` times, the median try), and every
+prompt as a file goes (`window`: at most B in flight, the next starting as one finishes) ÷ the batched forwards
+of the same prompts B at a time: the throughput a file of many captured prompts gets.
 Prints JSON.
 """
 from __future__ import annotations
