@@ -39,8 +39,8 @@ def tiny_gemma3():
 
 
 LAYOUTS = {  # Hugging Face decoders laid out unlike Llama: their blocks below the base model (OPT; Llama-4's text
-    #          model, whose base-model prefix names no attribute), attention biased by a key's index (ALiBi: BLOOM, MPT),
-    #          an attention module named self_attention (BLOOM, Falcon)
+    #          model, whose base-model prefix names no attribute), attention biased by a key's index (ALiBi: BLOOM,
+    #          MPT), an attention module named self_attention (BLOOM, Falcon)
     "opt": dict(ffn_dim=64, word_embed_proj_dim=32, pad_token_id=0, bos_token_id=1, eos_token_id=2),
     "llama4_text": dict(num_key_value_heads=2, head_dim=8, intermediate_size_mlp=64, num_local_experts=2,
                         pad_token_id=0, bos_token_id=1, eos_token_id=2),

@@ -56,9 +56,9 @@ def test_exact_recovery(lm, policy, layer, final_norm):
 
 @pytest.mark.parametrize("model_type", ["opt", "llama4_text", "bloom", "mpt", "falcon"])
 def test_exact_recovery_on_decoders_laid_out_unlike_llama(small_decoder, model_type):
-    """OPT, Llama-4's text model, BLOOM, MPT and Falcon (conftest.LAYOUTS): prompts inverted in lock-step come back exact and
-    "ok", under an ε measured on the passes the loop uses (MPT's had measured keys moved by flat passes: every token
-    within it, all "ambiguous")."""
+    """OPT, Llama-4's text model, BLOOM, MPT and Falcon (conftest.LAYOUTS): prompts inverted in lock-step come back
+    exact and "ok", under an ε measured on the passes the loop uses (MPT's had measured keys moved by flat passes:
+    every token within it, all "ambiguous")."""
     lm = small_decoder(model_type)
     ids = torch.randint(0, lm.vocab_size, (3, 10), generator=torch.Generator().manual_seed(1))
     for tap in (LayerTap(lm, 3), KVTap(lm, 2, "both")):  # (BLOOM's and Falcon's attention: self_attention)

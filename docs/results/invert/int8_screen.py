@@ -29,9 +29,11 @@ for k, (source, _) in enumerate(data):
         observed = states[k][t]
         d, d8 = ((x - observed).norm(dim=-1) / observed.norm() for x in (h, h8))
         error = float(((h8 - h).norm(dim=-1) / h.norm(dim=-1)).median())
-        line = (f"{source:6s} t={t:2d}: truth's int8 rank {int((d8 < d8[7]).sum())}, its int8 distance {float(d8[7]):.3f}, "
-                f"the next float32 candidate's {float(d.sort().values[1]):.3f}, int8 error (median) {error:.3f}")
+        line = (f"{source:6s} t={t:2d}: truth's int8 rank {int((d8 < d8[7]).sum())}, its int8 distance "
+                f"{float(d8[7]):.3f}, the next float32 candidate's {float(d.sort().values[1]):.3f}, int8 error (median) "
+                f"{error:.3f}")
         if k % 2 == 0:
-            ms = [median_ms(lambda: tp.extend(p, candidates, layout="padded"), 3) for tp, p in ((tap, prefix), (tap8, prefix8))]
+            ms = [median_ms(lambda: tp.extend(p, candidates, layout="padded"), 3)
+                  for tp, p in ((tap, prefix), (tap8, prefix8))]
             line += f"; float32 {ms[0]:.0f} ms, int8 {ms[1]:.0f} ms"
         print(line, flush=True)
