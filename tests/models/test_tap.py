@@ -162,3 +162,27 @@ def test_passes_of_decoders_laid_out_unlike_llama_equal_the_full_forward(small_d
             assert torch.allclose(h[0], full[p, t:t + k], rtol=1e-5, atol=1e-5 * float(full[p].abs().max()))
         h = tap.extend(requests[2][0], ids[2, 7:9][None], layout=layout)  # one request alone
         assert torch.allclose(h[0], full[2, 7:9], rtol=1e-5, atol=1e-5 * float(full[2].abs().max()))
+
+
+def test_a_block_that_does_not_run_is_a_clear_error():
+    """Mllama (Llama-3.2-Vision) skips its cross-attention blocks without an image: their layers have no state of their
+    own, and reading one says so (it was a KeyError); the layer below them reads."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from sipit.models import ModelError
+    from sipit.models.lm import LM
+
+    text = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, cross_attention_layers=[1], pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_global_layers=1, attention_heads=2,
+                  image_size=28, patch_size=14, vision_output_dim=32, intermediate_layers_indices=[0])
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(AutoConfig.for_model(
+        "mllama", text_config=text, vision_config=vision, image_token_index=95)).eval()
+    lm = LM("tiny-mllama", model, None)
+    ids = torch.randint(3, 90, (1, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
+    assert torch.allclose(LayerTap(lm, 1).states(ids), hidden[1], atol=1e-6)
+    with pytest.raises(ModelError, match=r"block\(s\) \[1\] \(0-based\) did not run on this input"):
+        LayerTap(lm, 2).states(ids)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from .device import batch_for
-from .lm import LM, one_token_attention
+from .lm import LM, ModelError, one_token_attention
 
 
 class _Stop(Exception):
@@ -74,6 +74,10 @@ def run_layers(lm: LM, layers: list[int], *, ids: Tensor | None = None, embeds: 
     finally:
         for h in handles:
             h.remove()
+    skipped = [layer for layer in wanted if layer not in got]
+    if skipped:  # (Mllama's cross-attention blocks, without an image)
+        raise ModelError(f"{lm.name}: block(s) {[layer - 1 for layer in skipped]} (0-based) did not run on this input, "
+                         f"so layer(s) {skipped} have no state of their own to read: choose another layer")
     return [lm.norm(got[layer]) if final_norm else got[layer] for layer in layers]
 
 
