@@ -186,3 +186,31 @@ def test_a_block_that_does_not_run_is_a_clear_error():
     assert torch.allclose(LayerTap(lm, 1).states(ids), hidden[1], atol=1e-6)
     with pytest.raises(ModelError, match=r"block\(s\) \[1\] \(0-based\) did not run on this input"):
         LayerTap(lm, 2).states(ids)
+
+
+def test_an_image_text_models_sliding_window_is_read_from_its_text_config():
+    """Gemma-3's image-text model keeps its sliding window in its text config: rows past it go padded by prefix length
+    (a flat pass's mask has no window), so every layout gives the states of one full forward."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from sipit.models.lm import LM
+
+    text = dict(model_type="gemma3_text", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
+                layer_types=["sliding_attention", "full_attention"], pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    vision = dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                  num_attention_heads=2, image_size=28, patch_size=14)
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(AutoConfig.for_model(
+        "gemma3", text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=95,
+        boi_token_index=94, eoi_token_index=93)).eval()
+    lm = LM("tiny-gemma3-image-text", model, None)
+    assert lm.sliding_window == 4
+    tap = LayerTap(lm, 2)
+    ids = torch.randint(3, 90, (2, 12), generator=torch.Generator().manual_seed(0))
+    full = tap.states(ids)
+    spans = [(0, 6, 5), (1, 3, 6)]  # (prompt, prefix length, new tokens): both reach past the window
+    requests = [(tap.prefill(ids[p, :t]), ids[p, t:t + k][None]) for p, t, k in spans]
+    for layout in (None, "flat", "padded"):
+        for (p, t, k), (h, _) in zip(spans, tap.extend_many(requests, layout=layout)):
+            assert torch.allclose(h[0], full[p, t:t + k], rtol=1e-5, atol=1e-5 * float(full[p].abs().max()))

@@ -108,6 +108,12 @@ class LM:
         return self.full_layers or self.n_layers
 
     @property
+    def sliding_window(self) -> int | None:
+        """Keys the model's sliding-window layers see (Gemma-3, Mistral), None where no layer slides; from the text
+        config, where an image-text model keeps it."""
+        return getattr(self.model.config.get_text_config(), "sliding_window", None) or None
+
+    @property
     def keys_by_index(self) -> bool:
         """Whether attention biases each key by its index in the pass (ALiBi: BLOOM, MPT, Falcon's ALiBi variant)
         rather than reading positions from position_ids: a key's index must then be its position (models/tap.py)."""

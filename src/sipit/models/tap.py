@@ -403,8 +403,8 @@ class LayerTap:
         sharing a pass only with rows after prefixes of their length: where they reach the attention window of the
         model's sliding layers (Gemma-3, Mistral; a flat pass's mask has no window, padding would shift it), and
         always where attention biases a key by its index (ALiBi: BLOOM, MPT; LM.keys_by_index)."""
-        window = getattr(self.lm.model.config, "sliding_window", None)
-        return self.lm.keys_by_index or (bool(window) and t + k >= window - 1)
+        window = self.lm.sliding_window
+        return self.lm.keys_by_index or (window is not None and t + k >= window - 1)
 
     def _extend_padded(self, requests: list[tuple[Prefix, Tensor]]) -> list[tuple[Tensor, object]]:
         """One forward pass for several requests (extend_many): caches padded to the longest prefix P
