@@ -40,8 +40,11 @@ def tiny_gemma3():
 
 LAYOUTS = {  # Hugging Face decoders laid out unlike Llama: their blocks below the base model (OPT; Llama-4's text
     #          model, whose base-model prefix names no attribute), attention biased by a key's index (ALiBi: BLOOM,
-    #          MPT), an attention module named self_attention (BLOOM, Falcon)
+    #          MPT), an attention module named self_attention (BLOOM, Falcon), blocks wider than the embedding and
+    #          normed at their end, no final norm (OPT-350m: project_in 512 -> 1024, project_out back)
     "opt": dict(ffn_dim=64, word_embed_proj_dim=32, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "opt-350m": dict(model_type="opt", ffn_dim=64, word_embed_proj_dim=24, do_layer_norm_before=False, pad_token_id=0,
+                     bos_token_id=1, eos_token_id=2),
     "llama4_text": dict(num_key_value_heads=2, head_dim=8, intermediate_size_mlp=64, num_local_experts=2,
                         pad_token_id=0, bos_token_id=1, eos_token_id=2),
     "bloom": dict(n_layer=3, n_head=4),
@@ -52,16 +55,17 @@ LAYOUTS = {  # Hugging Face decoders laid out unlike Llama: their blocks below t
 
 @pytest.fixture(scope="session")
 def small_decoder():
-    """small_decoder(model_type) -> a 3-block random LM of a LAYOUTS model type (d = 32, V = 96), no tokenizer."""
+    """small_decoder(layout) -> a 3-block random LM of a LAYOUTS entry (d = 32, V = 96), no tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from sipit.models.lm import LM
 
-    def build(model_type: str) -> LM:
-        config = AutoConfig.for_model(model_type, vocab_size=96, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=3, num_attention_heads=4, **LAYOUTS[model_type])
+    def build(layout: str) -> LM:
+        options = dict(LAYOUTS[layout])
+        config = AutoConfig.for_model(options.pop("model_type", layout), vocab_size=96, hidden_size=32,
+                                      intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, **options)
         torch.manual_seed(0)
-        return LM(model_type, AutoModelForCausalLM.from_config(config).eval(), None)
+        return LM(layout, AutoModelForCausalLM.from_config(config).eval(), None)
 
     return build
 

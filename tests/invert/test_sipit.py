@@ -54,11 +54,11 @@ def test_exact_recovery(lm, policy, layer, final_norm):
                 assert q.certified_by is None and (q.margin is None or q.margin_over < lm.vocab_size - 1)
 
 
-@pytest.mark.parametrize("model_type", ["opt", "llama4_text", "bloom", "mpt", "falcon"])
+@pytest.mark.parametrize("model_type", ["opt", "opt-350m", "llama4_text", "bloom", "mpt", "falcon"])
 def test_exact_recovery_on_decoders_laid_out_unlike_llama(small_decoder, model_type):
-    """OPT, Llama-4's text model, BLOOM, MPT and Falcon (conftest.LAYOUTS): prompts inverted in lock-step come back
-    exact and "ok", under an ε measured on the passes the loop uses (MPT's had measured keys moved by flat passes:
-    every token within it, all "ambiguous")."""
+    """OPT (125m's and 350m's layouts), Llama-4's text model, BLOOM, MPT and Falcon (conftest.LAYOUTS): prompts
+    inverted in lock-step come back exact and "ok", under an ε measured on the passes the loop uses (MPT's had
+    measured keys moved by flat passes: every token within it, all "ambiguous")."""
     lm = small_decoder(model_type)
     ids = torch.randint(0, lm.vocab_size, (3, 10), generator=torch.Generator().manual_seed(1))
     for tap in (LayerTap(lm, 3), KVTap(lm, 2, "both")):  # (BLOOM's and Falcon's attention: self_attention)

@@ -8,7 +8,7 @@ from sipit.models.archs import ARCHS, parse_random_spec, random_model
 # (layers, d_model, vocab) of each published config
 SHAPES = {"gpt2": (12, 768, 50257), "tinystories-33m": (4, 768, 50257), "llama-3.1-8b": (32, 4096, 128256),
           "mistral-7b": (32, 4096, 32000), "phi-4-mini": (32, 3072, 200064), "gemma-3-1b": (26, 1152, 262144),
-          "qwen2.5-7b": (28, 3584, 152064)}
+          "qwen2.5-7b": (28, 3584, 152064), "opt-350m": (24, 1024, 50272)}
 
 
 def test_spec_parsing():

@@ -60,6 +60,26 @@ def test_new_cache_is_empty_and_independent_of_the_template(spec):
     assert torch.allclose(tap.extend(tap.prefill(ids[:3]), ids[3:][None])[0], tap.states(ids)[3:], atol=1e-5)
 
 
+def test_blocks_wider_than_the_embedding(small_decoder):
+    """OPT-350m's layout (conftest.LAYOUTS): 24-wide embedding, 32-wide post-LN blocks, no final norm, project_out
+    after the last block. Every layer's states are the model's own hidden_states, the last one with the final norm
+    (project_out: 24 wide, what the LM head reads); the logits give those back; the log-probs read off the last
+    layer's states are the model's (the LM failed to load: no final norm)."""
+    from sipit.models.surfaces import normed_states_from_logits
+
+    lm = small_decoder("opt-350m")
+    ids = torch.randint(0, lm.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    out = lm.model(ids, output_hidden_states=True)
+    assert lm.d_model == 32 and lm.embedding_rows().shape == (lm.vocab_size, 24)
+    for layer in range(lm.depth):
+        assert torch.equal(LayerTap(lm, layer).states(ids), out.hidden_states[layer])
+    last = LayerTap(lm, lm.depth, final_norm=True)
+    assert last.dim == 24 and torch.allclose(last.states(ids), out.hidden_states[-1], atol=1e-6)
+    assert torch.allclose(normed_states_from_logits(lm, out.logits[0]), out.hidden_states[-1][0], atol=1e-4)
+    from_states = lm.next_token_logprobs_from(lm.depth, LayerTap(lm, lm.depth).states(ids[0]))
+    assert torch.allclose(from_states, lm.next_token_logprobs(ids[0]), atol=1e-5)
+
+
 def test_next_token_logprobs_from_a_layers_states_equal_those_from_the_ids(tiny_lm, tiny_gemma3):
     """The blocks above a layer run on its states (those below are skipped): the same log-probs as the whole model
     on the ids at every layer, the embedding's (0) and the last included, past Gemma-3's sliding window; the

@@ -145,11 +145,12 @@ def test_extend_many_with_a_sliding_window(tiny_gemma3):
         assert torch.allclose(tap.extend(grown_prefix, nxt), full, rtol=1e-5, atol=1e-5 * float(full.abs().max()))
 
 
-@pytest.mark.parametrize("model_type", ["opt", "llama4_text", "bloom", "mpt", "falcon"])
+@pytest.mark.parametrize("model_type", ["opt", "opt-350m", "llama4_text", "bloom", "mpt", "falcon"])
 def test_passes_of_decoders_laid_out_unlike_llama_equal_the_full_forward(small_decoder, model_type):
-    """OPT's blocks under base.decoder, Llama-4's under a base model named otherwise, ALiBi's biases by a key's index
-    (BLOOM, MPT: a flat pass or a cache padded to a longer prefix would move the keys), Falcon: every pass the loop
-    uses, each layout asked for, gives the states of one full forward of the same tokens."""
+    """OPT's blocks under base.decoder (OPT-350m's wider than its embedding), Llama-4's under a base model named
+    otherwise, ALiBi's biases by a key's index (BLOOM, MPT: a flat pass or a cache padded to a longer prefix would
+    move the keys), Falcon: every pass the loop uses, each layout asked for, gives the states of one full forward of
+    the same tokens."""
     lm = small_decoder(model_type)
     tap = LayerTap(lm, 3)
     g = torch.Generator().manual_seed(0)

@@ -62,6 +62,13 @@ ARCHS: dict[str, dict] = {
         max_position_embeddings=32768, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
         rope_theta=1000000.0, rope_local_base_freq=10000.0, sliding_window=512, sliding_window_pattern=6,
         query_pre_attn_scalar=256, tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, pad_token_id=0),
+    # facebook/opt-350m (not in the paper): the one OPT whose blocks (1024) are wider than its embedding (512):
+    # project_in / project_out around post-LN blocks, no final norm, ReLU, learned positions (offset 2).
+    "opt-350m": dict(
+        model_type="opt", vocab_size=50272, hidden_size=1024, word_embed_proj_dim=512, ffn_dim=4096,
+        num_hidden_layers=24, num_attention_heads=16, max_position_embeddings=2048, do_layer_norm_before=False,
+        activation_function="relu", enable_bias=True, layer_norm_elementwise_affine=True, tie_word_embeddings=True,
+        bos_token_id=2, eos_token_id=2, pad_token_id=1),
     # Qwen/Qwen2.5-7B: GQA 28/4, q/k/v biases, rope theta 1e6.
     "qwen2.5-7b": dict(
         model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,

@@ -85,7 +85,10 @@ class LM:
 
     @property
     def d_model(self) -> int:
-        return self.embed.weight.shape[1]
+        """Width of the residual stream, what every layer's state holds: the embedding's, unless a projection widens
+        it before block 0 (OPT-350m's project_in, 512 -> 1024)."""
+        project_in = _project_in(self.base)
+        return project_in.out_features if project_in is not None else self.embed.weight.shape[1]
 
     @property
     def vocab_size(self) -> int:
@@ -219,7 +222,8 @@ class LM:
 
     @torch.no_grad()
     def embedding_rows(self) -> Tensor:
-        """Embedding rows as block 0 sees them (e.g. Gemma's √d scaling included). [V, d]"""
+        """Embedding rows as the base model takes them as inputs_embeds (Gemma's √d scaling included; OPT-350m's
+        project_in, which the base applies, not: [V, 512] there, where the blocks are 1024 wide). [V, e]"""
         return self.embed(torch.arange(self.vocab_size, device=self.device))
 
     def new_cache(self, blocks: int | None = None):
@@ -270,16 +274,18 @@ class LM:
         h = states[None].to(self.device, self.dtype)
         tuples = self._blocks_return_tuples
 
-        def given(module, args, kwargs):  # the first block to run (the final norm above the last) reads h
+        def given(module, args, kwargs):  # the first block to run reads h
             return ((h, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": h})
 
         def skip(hidden_states, *args, **kwargs):  # a block below the layer: its input, as its output
             return (hidden_states,) if tuples else hidden_states
 
-        first = self.blocks[layer] if layer < self.n_layers else self.norm
         below = list(self.blocks[:layer])
         saved = [block.__dict__.get("forward") for block in below]  # (an instance's own forward: accelerate's)
-        handle = first.register_forward_pre_hook(given, with_kwargs=True)
+        if layer < self.n_layers:
+            handle = self.blocks[layer].register_forward_pre_hook(given, with_kwargs=True)
+        else:  # the last block's output is h, whatever the base applies after it (lm.norm: one module or two)
+            handle = self.blocks[-1].register_forward_hook(lambda module, args, out: (h,) if tuples else h)
         for block in below:
             block.forward = skip
         try:
@@ -425,13 +431,26 @@ def _find_blocks(base: nn.Module, config) -> nn.ModuleList:
 
 
 def _find_final_norm(base: nn.Module, blocks: nn.ModuleList) -> nn.Module:
+    """What the base model applies to the last block's output, so that the LM head can read it: its final norm,
+    then, where the blocks are wider than the embedding, the projection back (OPT-350m: no final norm, its
+    blocks end normed, and project_out, 1024 -> 512)."""
+    project_out = getattr(base, "project_out", None)
     for name in ("norm", "ln_f", "final_layer_norm", "final_layernorm", "final_norm"):
         if isinstance(getattr(base, name, None), nn.Module):
-            return getattr(base, name)
-    norms = [m for m in base.children() if "norm" in type(m).__name__.lower()]
-    if not norms:
-        raise ModelError(f"{type(base).__name__}: no final norm module found")
-    return norms[-1]
+            norm = getattr(base, name)
+            break
+    else:
+        norms = [m for m in base.children() if "norm" in type(m).__name__.lower()]
+        if not norms and not isinstance(project_out, nn.Linear):
+            raise ModelError(f"{type(base).__name__}: no final norm module found")
+        norm = norms[-1] if norms else nn.Identity()
+    return nn.Sequential(norm, project_out) if isinstance(project_out, nn.Linear) else norm
+
+
+def _project_in(base: nn.Module) -> nn.Linear | None:
+    """The projection from the embedding's width to the blocks' (OPT-350m), or None."""
+    project_in = getattr(base, "project_in", None)
+    return project_in if isinstance(project_in, nn.Linear) else None
 
 
 # ----------------------------------------------------------------------------------------------

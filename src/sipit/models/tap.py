@@ -221,8 +221,9 @@ class LayerTap:
 
     @property
     def dim(self) -> int:
-        """Size of one observed vector (what SipIt compares): the model width for raw states."""
-        return self.lm.d_model
+        """Size of one observed vector (what SipIt compares): the residual stream's width, or with the final norm
+        what the LM head reads (OPT-350m: project_out's 512, not the blocks' 1024)."""
+        return self.lm.unembedding_rows().shape[1] if self.final_norm else self.lm.d_model
 
     @property
     def key(self) -> str:
@@ -267,7 +268,7 @@ class LayerTap:
         """Cache the prefix ids [T]. Returns a Prefix (and its states [T, d] if asked)."""
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.lm.device).reshape(-1)
         if len(ids) == 0 or self.layer == 0:
-            states = self.states(ids) if return_states and len(ids) else ids.new_zeros(0, self.lm.d_model, dtype=self.lm.dtype)
+            states = self.states(ids) if return_states and len(ids) else ids.new_zeros(0, self.dim, dtype=self.lm.dtype)
             prefix = Prefix(ids, None)
         else:
             cache = self.lm.new_cache(self.blocks_read)

@@ -634,7 +634,7 @@ def _held_bytes(lm, tap, config: LearnedConfig) -> int:
     """Bytes a fitting pass holds for tap until it ends: the float64 sums of its forward model (features
     [E's d_model, table's dim] and context [dim] against [dim]) and of its lens, and position 0's sums (fast)
     or its table [V, dim] float32 (full)."""
-    d, e, V = tap.dim, lm.d_model, lm.vocab_size
+    d, e, V = tap.dim, lm.embed.weight.shape[1], lm.vocab_size
     fast = not config.has_table(V)
     F = e + (0 if fast else d) + d
     forward = F * F + F * d + d * d
