@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from sipit.invert import InvertConfig, invert
 from sipit.models import LayerTap
 from sipit.models.surfaces import KVTap, ProjectedTap
 
@@ -167,7 +168,9 @@ def test_passes_of_decoders_laid_out_unlike_llama_equal_the_full_forward(small_d
 
 def test_a_block_that_does_not_run_is_a_clear_error():
     """Mllama (Llama-3.2-Vision) skips its cross-attention blocks without an image: their layers have no state of their
-    own, and reading one says so (it was a KeyError); the layer below them reads."""
+    own, and reading one says so (it was a KeyError); the layers below and above them read (transformers'
+    hidden_states leave the skipped block out: its [2] is layer 3 here), and the last one inverts exactly though the LM
+    head has 8 rows fewer than the embedding (its image tokens: the LM prior indexed past the head)."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     from sipit.models import ModelError
@@ -184,9 +187,16 @@ def test_a_block_that_does_not_run_is_a_clear_error():
     ids = torch.randint(3, 90, (1, 8), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
-    assert torch.allclose(LayerTap(lm, 1).states(ids), hidden[1], atol=1e-6)
+    for layer, k in ((1, 1), (3, 2)):
+        assert torch.allclose(LayerTap(lm, layer).states(ids), hidden[k], atol=1e-6)
+    assert torch.allclose(LayerTap(lm, 4, final_norm=True).states(ids), hidden[3], atol=1e-6)
     with pytest.raises(ModelError, match=r"block\(s\) \[1\] \(0-based\) did not run on this input"):
         LayerTap(lm, 2).states(ids)
+    assert lm.vocab_size == 104 and lm.unembedding_rows().shape == (104, 32)
+    prompts = torch.randint(0, lm.vocab_size, (3, 8), generator=torch.Generator().manual_seed(2))
+    r = invert(lm, LayerTap(lm, 4).states(prompts), 4, InvertConfig(calibration_tokens=8192), progress=False,
+               true_ids=prompts.tolist())
+    assert [p.ids for p in r.prompts] == prompts.tolist() and [p.status for p in r.prompts] == ["ok"] * 3
 
 
 def test_an_image_text_models_sliding_window_is_read_from_its_text_config():

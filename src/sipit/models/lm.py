@@ -217,8 +217,12 @@ class LM:
 
     @torch.no_grad()
     def unembedding_rows(self) -> Tensor:
-        """Rows of the LM head: next-token logits = norm(h_L) @ rows.T (before any soft-capping). [V, d]"""
-        return self.model.get_output_embeddings().weight
+        """Rows of the LM head, one per token of the candidate vocabulary: next-token logits = norm(h_L) @ rows.T
+        (before any soft-capping). A head padded past the embedding is cut to it; tokens it has no row for (Mllama's
+        8 image tokens past its head's rows) get zero rows, a logit of 0 where priors rank them. [V, d]"""
+        rows = self.model.get_output_embeddings().weight[:self.vocab_size]
+        missing = self.vocab_size - len(rows)
+        return torch.cat([rows, rows.new_zeros(missing, rows.shape[1])]) if missing > 0 else rows
 
     @torch.no_grad()
     def embedding_rows(self) -> Tensor:
@@ -260,7 +264,7 @@ class LM:
         ids [T] -> [T, V] float32; None when only the first blocks were loaded (max_layer < depth)."""
         if self.n_layers < self.depth:  # not `full_layers is not None`: max_layer = depth loads every block
             return None
-        return torch.log_softmax(self.logits(ids[None].to(self.device))[0, :, :self.vocab_size].float(), -1)
+        return self._logprobs(self.logits(ids[None].to(self.device))[0])
 
     @torch.no_grad()
     def next_token_logprobs_from(self, layer: int, states: Tensor) -> Tensor | None:
@@ -298,7 +302,14 @@ class LM:
                     del block.forward
                 else:
                     block.forward = forward
-        return torch.log_softmax(logits[0, :, :self.vocab_size].float(), -1)
+        return self._logprobs(logits[0])
+
+    def _logprobs(self, logits: Tensor) -> Tensor:
+        """The LM head's logits [T, V_head] -> log-probs over the candidate vocabulary [T, V] float32: a head padded
+        past the embedding cut to it, tokens the head has no row for (Mllama's image tokens) at −inf."""
+        logp = torch.log_softmax(logits[:, :self.vocab_size].float(), -1)
+        missing = self.vocab_size - logp.shape[1]
+        return torch.cat([logp, logp.new_full((len(logp), missing), float("-inf"))], 1) if missing > 0 else logp
 
     @cached_property
     def _blocks_return_tuples(self) -> bool:

@@ -77,7 +77,9 @@ def run_layers(lm: LM, layers: list[int], *, ids: Tensor | None = None, embeds: 
     skipped = [layer for layer in wanted if layer not in got]
     if skipped:  # (Mllama's cross-attention blocks, without an image)
         raise ModelError(f"{lm.name}: block(s) {[layer - 1 for layer in skipped]} (0-based) did not run on this input, "
-                         f"so layer(s) {skipped} have no state of their own to read: choose another layer")
+                         f"so layer(s) {skipped} have no state of their own to read: choose another layer "
+                         "(transformers' hidden_states leave such blocks out: above them its hidden_states[k] is a "
+                         "higher layer here)")
     return [lm.norm(got[layer]) if final_norm else got[layer] for layer in layers]
 
 
