@@ -41,7 +41,9 @@ def tiny_gemma3():
 LAYOUTS = {  # Hugging Face decoders laid out unlike Llama: their blocks below the base model (OPT; Llama-4's text
     #          model, whose base-model prefix names no attribute), attention biased by a key's index (ALiBi: BLOOM,
     #          MPT), an attention module named self_attention (BLOOM, Falcon), blocks wider than the embedding and
-    #          normed at their end, no final norm (OPT-350m: project_in 512 -> 1024, project_out back)
+    #          normed at their end, no final norm (OPT-350m: project_in 512 -> 1024, project_out back), several
+    #          residual streams and per-layer token embeddings, the last block reading an earlier one's keys and
+    #          values (Gemma-3n)
     "opt": dict(ffn_dim=64, word_embed_proj_dim=32, pad_token_id=0, bos_token_id=1, eos_token_id=2),
     "opt-350m": dict(model_type="opt", ffn_dim=64, word_embed_proj_dim=24, do_layer_norm_before=False, pad_token_id=0,
                      bos_token_id=1, eos_token_id=2),
@@ -50,6 +52,10 @@ LAYOUTS = {  # Hugging Face decoders laid out unlike Llama: their blocks below t
     "bloom": dict(n_layer=3, n_head=4),
     "mpt": dict(d_model=32, n_layers=3, n_heads=4),
     "falcon": {},
+    "gemma3n_text": dict(num_key_value_heads=2, head_dim=8, vocab_size_per_layer_input=96, hidden_size_per_layer_input=8,
+                         laurel_rank=4, altup_num_inputs=2, num_kv_shared_layers=1, sliding_window=4,
+                         layer_types=["sliding_attention", "full_attention", "full_attention"],
+                         activation_sparsity_pattern=[0.95, 0.0, 0.0]),
 }
 
 

@@ -146,7 +146,7 @@ def test_extend_many_with_a_sliding_window(tiny_gemma3):
         assert torch.allclose(tap.extend(grown_prefix, nxt), full, rtol=1e-5, atol=1e-5 * float(full.abs().max()))
 
 
-@pytest.mark.parametrize("model_type", ["opt", "opt-350m", "llama4_text", "bloom", "mpt", "falcon"])
+@pytest.mark.parametrize("model_type", ["opt", "opt-350m", "llama4_text", "bloom", "mpt", "falcon", "gemma3n_text"])
 def test_passes_of_decoders_laid_out_unlike_llama_equal_the_full_forward(small_decoder, model_type):
     """OPT's blocks under base.decoder (OPT-350m's wider than its embedding), Llama-4's under a base model named
     otherwise, ALiBi's biases by a key's index (BLOOM, MPT: a flat pass or a cache padded to a longer prefix would
@@ -164,6 +164,26 @@ def test_passes_of_decoders_laid_out_unlike_llama_equal_the_full_forward(small_d
             assert torch.allclose(h[0], full[p, t:t + k], rtol=1e-5, atol=1e-5 * float(full[p].abs().max()))
         h = tap.extend(requests[2][0], ids[2, 7:9][None], layout=layout)  # one request alone
         assert torch.allclose(h[0], full[2, 7:9], rtol=1e-5, atol=1e-5 * float(full[2].abs().max()))
+
+
+def test_several_residual_streams_are_read_side_by_side(small_decoder):
+    """Gemma-3n's blocks hand on 2 streams here (AltUp, [A, B, T, d]): a layer's state is them side by side, [B, T, A·d],
+    the model's own hidden_states at every layer (it was [A, B, T, d], which no inversion took). What it does not have
+    is a clear error: a final norm applied to the streams (the model mixes them first), a KV surface of the block that
+    reads an earlier one's keys and values."""
+    from sipit.models import ModelError
+
+    lm = small_decoder("gemma3n_text")
+    ids = torch.randint(0, lm.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hidden = lm.model(ids, output_hidden_states=True).hidden_states  # [A, B, T, d] each
+    assert lm.streams == 2 and lm.d_model == 64
+    for layer in range(lm.depth + 1):
+        assert torch.equal(LayerTap(lm, layer).states(ids), hidden[layer].permute(1, 2, 0, 3).flatten(2))
+    with pytest.raises(ModelError, match="final norm"):
+        LayerTap(lm, 3, final_norm=True)
+    with pytest.raises(ModelError, match="block 2 .* keeps no KV cache of its own"):
+        KVTap(lm, 3)
 
 
 def test_a_block_that_does_not_run_is_a_clear_error():

@@ -86,9 +86,17 @@ class LM:
     @property
     def d_model(self) -> int:
         """Width of the residual stream, what every layer's state holds: the embedding's, unless a projection widens
-        it before block 0 (OPT-350m's project_in, 512 -> 1024)."""
+        it before block 0 (OPT-350m's project_in, 512 -> 1024), times the streams the blocks carry (Gemma-3n: 4)."""
         project_in = _project_in(self.base)
-        return project_in.out_features if project_in is not None else self.embed.weight.shape[1]
+        width = project_in.out_features if project_in is not None else self.embed.weight.shape[1]
+        return width * self.streams
+
+    @property
+    def streams(self) -> int:
+        """Residual streams the blocks carry side by side: Gemma-3n's AltUp hands [A, B, T, d] from block to block (A =
+        4 in E2B and E4B), every other decoder one [B, T, d]. A layer's state is read as the A streams side by side,
+        [B, T, A·d] (models/tap.py)."""
+        return getattr(self.model.config.get_text_config(), "altup_num_inputs", None) or 1
 
     @property
     def vocab_size(self) -> int:
@@ -275,6 +283,8 @@ class LM:
         the first blocks were loaded."""
         if self.n_layers < self.depth:
             return None
+        if self.streams > 1:  # (Gemma-3n's streams are mixed before its norm: nothing in sipit asks for it there)
+            raise ModelError(f"{self.name}: log-probs off a layer's states of {self.streams} streams are not supported")
         h = states[None].to(self.device, self.dtype)
         tuples = self._blocks_return_tuples
 

@@ -48,8 +48,10 @@ def run_layers(lm: LM, layers: list[int], *, ids: Tensor | None = None, embeds: 
     got: dict[int, Tensor] = {}
     handles = []
 
+    streams = lm.streams
+
     def keep(layer, h):
-        got[layer] = h
+        got[layer] = h if streams == 1 else h.permute(1, 2, 0, 3).flatten(2)  # Gemma-3n's [A, B, T, d] side by side
         if layer == top:
             raise _Stop
 
@@ -192,6 +194,9 @@ class LayerTap:
     """
 
     def __init__(self, lm: LM, layer: int, final_norm: bool = False):
+        if final_norm and lm.streams > 1:
+            raise ModelError(f"{lm.name}: its {lm.streams} residual streams are mixed before the final norm (AltUp): "
+                             "states with the final norm applied are not supported, the streams of any layer are")
         self.lm = lm
         self.layer = lm.layer_index(layer)
         self.final_norm = final_norm
@@ -216,6 +221,7 @@ class LayerTap:
         text = self.lm.model.config.get_text_config()
         heads, kv_heads, head_dim = attention_shape(self.lm)
         wide = getattr(text, "intermediate_size", None) or 4 * text.hidden_size
+        wide = max(wide) if isinstance(wide, (list, tuple)) else wide  # (Gemma-3n: one per block)
         size = self.lm.dtype.itemsize
         return self.blocks_read * 2 * kv_heads * head_dim * size + 4 * heads, 4 * wide * size
 

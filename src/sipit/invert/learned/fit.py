@@ -436,7 +436,8 @@ def _lens_gate(cal: Calibration, tap, H_random: Tensor, cfg: LearnedConfig) -> N
 
 def observes_plain_states(tap) -> bool:
     """The LM prior reads the LM head off the observed state: only for plain residual-stream taps."""
-    return getattr(tap, "plain_states", False)  # LayerTap: True; surfaces: False
+    # LayerTap: True, but not Gemma-3n's several streams, which the model mixes before its final norm; surfaces: False
+    return getattr(tap, "plain_states", False) and tap.lm.streams == 1
 
 
 def lm_prior_fitted(tap) -> bool:
