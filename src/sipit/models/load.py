@@ -274,6 +274,9 @@ def _check_hf_spec(spec: str):
                          "a local model directory, or a Hugging Face id like org/name")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
 def load_hf(source: str | Path, name: str, dtype: torch.dtype, device: torch.device,
             max_layer: int | None = None, device_map: str | dict | None = None) -> LM:
     """An HF id or directory loaded straight in `dtype` onto `device` (or `device_map`), with only
@@ -291,7 +294,10 @@ def load_hf(source: str | Path, name: str, dtype: torch.dtype, device: torch.dev
             {"device_map": str(device)} if device.type != "cpu" else {})
         auto = AutoModelForCausalLM if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else AutoModelForImageTextToText
         model = auto.from_pretrained(str(source), config=config, dtype=dtype, **placement)
-        tok = AutoTokenizer.from_pretrained(str(source))
+        # a directory saved without a tokenizer: transformers would hand an empty one, which encodes text to nothing
+        # (the first inversion crashed measuring ε); without one it is ids in, ids out, as random:<arch>
+        bare = Path(source).is_dir() and not any((Path(source) / f).exists() for f in TOKENIZER_FILES)
+        tok = None if bare else AutoTokenizer.from_pretrained(str(source))
     except ModelError:
         raise
     except Exception as e:
