@@ -124,6 +124,18 @@ class LM:
         config, where an image-text model keeps it."""
         return getattr(self.model.config.get_text_config(), "sliding_window", None) or None
 
+    def config_value(self, name: str, default=None):
+        """The text config's `name`, the largest where it varies by block (a list: Gemma-3n's MLP widths; transformers'
+        per-layer configs: Gemma-4's head_dim, 256 in its sliding layers and 512 in its global ones); default where
+        absent or None."""
+        text = self.model.config.get_text_config()
+        try:
+            value = getattr(text, name, None)
+        except RuntimeError:  # (transformers' AmbiguousGlobalPerLayerAttributeError: ask each layer's config)
+            value = [getattr(text.per_layer_config[i], name) for i in range(text.num_hidden_layers)]
+        value = max(value) if isinstance(value, (list, tuple)) else value
+        return default if value is None else value
+
     @property
     def keys_by_index(self) -> bool:
         """Whether attention biases each key by its index in the pass (ALiBi: BLOOM, MPT, Falcon's ALiBi variant)

@@ -134,7 +134,7 @@ class KVTap(LayerTap):
             raise ModelError(f"KV part must be one of {', '.join(KV_PARTS)}, got {part!r}")
         if getattr(attention_module(lm, self.layer - 1), "is_kv_shared_layer", False):
             raise ModelError(f"{lm.name}: block {self.layer - 1} (0-based) keeps no KV cache of its own (it reads "
-                             f"an earlier block's: Gemma-3n's KV sharing), so layer {self.layer} has no KV surface: "
+                             f"an earlier block's: Gemma-3n's and Gemma-4's KV sharing), so layer {self.layer} has no KV surface: "
                              "choose a lower layer")
         self.part = part
         self._heads: tuple[int, int] | None = None

@@ -218,10 +218,8 @@ class LayerTap:
     def _row_bytes(self) -> tuple[int, int]:
         """(bytes a row needs per position: keys and values in every block read, float32 attention
         scores; bytes it needs anyway: the MLP's widest activations)"""
-        text = self.lm.model.config.get_text_config()
         heads, kv_heads, head_dim = attention_shape(self.lm)
-        wide = getattr(text, "intermediate_size", None) or 4 * text.hidden_size
-        wide = max(wide) if isinstance(wide, (list, tuple)) else wide  # (Gemma-3n: one per block)
+        wide = self.lm.config_value("intermediate_size") or 4 * self.lm.config_value("hidden_size")
         size = self.lm.dtype.itemsize
         return self.blocks_read * 2 * kv_heads * head_dim * size + 4 * heads, 4 * wide * size
 
@@ -482,10 +480,9 @@ COPY = 100.0  # what one cached position copied into one row costs, in tokens ×
 
 def attention_shape(lm) -> tuple[int, int, int]:
     """(query heads, key-value heads, head width) of lm's attention."""
-    text = lm.model.config.get_text_config()
-    heads = text.num_attention_heads
-    return heads, getattr(text, "num_key_value_heads", None) or heads, \
-        getattr(text, "head_dim", None) or text.hidden_size // heads
+    heads = lm.config_value("num_attention_heads")
+    return heads, lm.config_value("num_key_value_heads", heads), \
+        lm.config_value("head_dim") or lm.config_value("hidden_size") // heads
 
 
 def pass_costs(lm) -> tuple[float, float]:
