@@ -45,3 +45,30 @@ def test_taps_say_how_many_blocks_they_read(tiny_lm):
     assert KVTap(tiny_lm, 2, "keys").blocks_read == 2
     assert ProjectedTap(tiny_lm, 1, torch.eye(tiny_lm.d_model)[:4]).blocks_read == 1
     assert logits_tap(tiny_lm).blocks_read == tiny_lm.n_layers
+
+
+def test_equal_weights_under_another_config_are_another_model(small_decoder):
+    """Two models of equal weights whose configs differ (RMSNorm's eps here, 1e-6 and 1e-5) compute other states: no
+    fingerprint is shared, so neither reads the other's cached calibration or ε (the position-0 table of one
+    excluded the other's true first tokens: every prompt failed); a config that differs only where a load with
+    max_layer cuts it (the depth, per-layer lists past the blocks read, paths, versions) shares them."""
+    import copy
+
+    from sipit.invert import InvertConfig, invert
+    from sipit.models.lm import LM
+
+    lm = small_decoder("gemma4_text")  # (any: a config value the weights do not show)
+    config = copy.deepcopy(lm.model.config)
+    config.rms_norm_eps = 10 * lm.model.config.rms_norm_eps
+    other = LM("other", type(lm.model)(config).eval(), None)
+    other.model.load_state_dict(lm.model.state_dict())
+    assert not {lm.fingerprint_through(k) for k in range(4)} & {other.fingerprint_through(k) for k in range(4)}
+    renamed = LM("renamed", copy.deepcopy(lm.model), None)
+    renamed.model.config._name_or_path, renamed.model.config.num_hidden_layers = "elsewhere", 7
+    renamed.model.config.layer_types = lm.model.config.layer_types + ["full_attention"] * 4
+    assert [renamed.fingerprint_through(k) for k in range(4)] == [lm.fingerprint_through(k) for k in range(4)]
+    ids = torch.randint(0, lm.vocab_size, (3, 10), generator=torch.Generator().manual_seed(1))
+    for model in (lm, other):
+        r = invert(model, LayerTap(model, 3).states(ids), 3, InvertConfig(calibration_tokens=8192), progress=False,
+                   true_ids=ids.tolist())
+        assert [p.ids for p in r.prompts] == ids.tolist() and [p.status for p in r.prompts] == ["ok"] * 3

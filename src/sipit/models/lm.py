@@ -154,9 +154,9 @@ class LM:
     def fingerprint_through(self, blocks: int) -> str:
         """Content hash of what a tap running blocks 0..blocks-1 reads: the key of caches per tap.
 
-        Tokenizer, precision, every tensor outside the block list (embedding, learned positions,
-        final norm, LM head: loaded whatever max_layer is) and the tensors of the first `blocks`
-        blocks. Never the spec name (one GGUF by name and by path is one model) nor an object id
+        Tokenizer, precision, the text config's values (_config_digest), every tensor outside the block list
+        (embedding, learned positions, final norm, LM head: loaded whatever max_layer is) and the tensors of the
+        first `blocks` blocks. Never the spec name (one GGUF by name and by path is one model) nor an object id
         (Python reuses ids), and never the blocks above: the same weights loaded whole or with
         max_layer >= blocks give the same string.
         """
@@ -165,7 +165,22 @@ class LM:
         prefix = _state_dict_prefix(self.model, self.blocks)
         kept = [digest for name, digest in self._tensor_digests.items()
                 if not name.startswith(prefix) or int(name[len(prefix):].split(".")[0]) < blocks]
-        return _combine(f"through {blocks}:{self.precision}:{self.tokenizer_fingerprint}", kept)
+        return _combine(f"through {blocks}:{self.precision}:{self.tokenizer_fingerprint}:{self._config_digest(blocks)}",
+                        kept)
+
+    def _config_digest(self, blocks: int) -> str:
+        """Hash of the text config's values, which the weights do not say (norm eps, rope base, activation, windows):
+        two tiny models of equal weights and other norm eps shared a position-0 table whose bounds then excluded the
+        true first token. Per-layer lists cut to the first `blocks`, and not the depth, names, paths or versions, as
+        a load with max_layer < depth or from another file of the same weights differs only there."""
+        text = self.model.config.get_text_config()
+        depth = text.attribute_map.get("num_hidden_layers", "num_hidden_layers")  # (GPT-2's n_layer, MPT's n_layers)
+        values = {k: v for k, v in text.to_dict().items()
+                  if not k.startswith("_") and k not in _CONFIG_NOT_COMPUTED and k != depth}
+        for name in ("layer_types", "attention_layers"):  # (archs.truncate_config cuts these to the blocks loaded)
+            if isinstance(values.get(name), list):
+                values[name] = values[name][:blocks]
+        return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     @property
     def embedding_fingerprint(self) -> str:
@@ -409,6 +424,11 @@ def temporary_edit(lm: LM):
     finally:
         lm.model.load_state_dict(saved)
         lm.forget_fingerprint()
+
+
+_CONFIG_NOT_COMPUTED = ("transformers_version", "architectures", "dtype", "torch_dtype", "num_hidden_layers", "use_cache",
+                        "output_hidden_states", "output_attentions", "return_dict", "id2label", "label2id")  # (and the
+#                        depth under its own name: LM._config_digest)
 
 
 def _state_dict_prefix(model: nn.Module, module: nn.Module) -> str:
