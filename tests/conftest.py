@@ -43,7 +43,9 @@ LAYOUTS = {  # Hugging Face decoders laid out unlike Llama: their blocks below t
     #          MPT), an attention module named self_attention (BLOOM, Falcon), blocks wider than the embedding and
     #          normed at their end, no final norm (OPT-350m: project_in 512 -> 1024, project_out back), several
     #          residual streams and per-layer token embeddings, the last block reading an earlier one's keys and
-    #          values (Gemma-3n), a head width that differs by layer in transformers' per-layer config (Gemma-4)
+    #          values (Gemma-3n), a head width that differs by layer in transformers' per-layer config (Gemma-4), a
+    #          cache of a compressed latent and a rotary part, of other widths (DeepSeek-V3's multi-head latent
+    #          attention)
     "opt": dict(ffn_dim=64, word_embed_proj_dim=32, pad_token_id=0, bos_token_id=1, eos_token_id=2),
     "opt-350m": dict(model_type="opt", ffn_dim=64, word_embed_proj_dim=24, do_layer_norm_before=False, pad_token_id=0,
                      bos_token_id=1, eos_token_id=2),
@@ -56,6 +58,10 @@ LAYOUTS = {  # Hugging Face decoders laid out unlike Llama: their blocks below t
                          laurel_rank=4, altup_num_inputs=2, num_kv_shared_layers=1, sliding_window=4,
                          layer_types=["sliding_attention", "full_attention", "full_attention"],
                          activation_sparsity_pattern=[0.95, 0.0, 0.0]),
+    "deepseek_v3": dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4,
+                        qk_nope_head_dim=4, v_head_dim=8, n_group=1, topk_group=1, pad_token_id=0, bos_token_id=1,
+                        eos_token_id=2),
     "gemma4_text": dict(num_key_value_heads=2, head_dim=8, global_head_dim=16, vocab_size_per_layer_input=96,
                         hidden_size_per_layer_input=8, sliding_window=4, attention_k_eq_v=True),
 }

@@ -218,7 +218,7 @@ def _observations(path: Path, surface: str, tensors: dict, meta: dict):
             raise StatesError(f"{path}: kv part {part!r} needs tensors {need}, found {present}")
         got = {n: _stored(path, tensors, n, meta, (3, 4), "[B, n_kv_heads, T, head_dim] or [n_kv_heads, T, head_dim] "
                           "(HF cache layout)") for n in need}
-        if len({got[n][0].shape for n in need}) > 1:
+        if len({got[n][0].shape[:-1] for n in need}) > 1:  # (widths may differ: DeepSeek-V3's latent and rotary parts)
             raise StatesError(f"{path}: keys and values differ in shape: {[list(got[n][0].shape) for n in need]}")
         x = kv_observation(got.get("keys", (None,))[0], got.get("values", (None,))[0], part)
         bounds = [got[n][1] for n in need]

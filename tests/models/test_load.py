@@ -226,21 +226,22 @@ def test_image_text_directory_loads_its_language_model(saved_tiny, tmp_path, mod
 
 
 def test_a_directory_without_a_tokenizer_takes_ids(small_decoder, tmp_path):
-    """A model saved without its tokenizer (here OPT-350m's and Gemma-3n's layouts): transformers hands it an empty
-    tokenizer, which encoded every text to nothing (the first inversion crashed measuring ε); it loads without one,
-    and `sipit capture --ids` then `sipit invert` recover the ids exactly."""
+    """A model saved without its tokenizer (here OPT-350m's, Gemma-3n's and DeepSeek-V3's layouts): transformers hands
+    it an empty tokenizer, which encoded every text to nothing (the first inversion crashed measuring ε); it loads
+    without one, and `sipit capture --ids` then `sipit invert` recover the ids exactly (states, or a KV cache)."""
     from safetensors import safe_open
 
     from sipit.cli import main
 
     ids = tmp_path / "ids.txt"
     ids.write_text("5,9,22,40,7,61,3,88\n11 2 95 60 33 17 4 4 70\n")
-    for layout in ("opt-350m", "gemma3n_text"):
-        d = tmp_path / layout
+    for layout, surface in (("opt-350m", "states"), ("gemma3n_text", "states"), ("deepseek_v3", "kv")):
+        d = tmp_path / layout  # (DeepSeek-V3's KV cache: keys and values of other widths, which a file may hold)
         small_decoder(layout).model.save_pretrained(d)
         assert load_model(str(d)).tokenizer is None
         states, results = tmp_path / f"{layout}.safetensors", tmp_path / f"{layout}.jsonl"
-        assert main(["capture", "--model", str(d), "--layer", "3", "--ids", str(ids), "-o", str(states)]) == 0
+        assert main(["capture", "--model", str(d), "--surface", surface, "--layer", "2", "--ids", str(ids),
+                     "-o", str(states)]) == 0
         assert main(["invert", str(states), "--model", str(d), "-o", str(results), "--quiet"]) == 0
         prompts = [json.loads(line) for line in results.read_text().splitlines()]
         assert [p["ids"] for p in prompts] == [[5, 9, 22, 40, 7, 61, 3, 88], [11, 2, 95, 60, 33, 17, 4, 4, 70]]

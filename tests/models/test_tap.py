@@ -146,7 +146,7 @@ def test_extend_many_with_a_sliding_window(tiny_gemma3):
         assert torch.allclose(tap.extend(grown_prefix, nxt), full, rtol=1e-5, atol=1e-5 * float(full.abs().max()))
 
 
-@pytest.mark.parametrize("model_type", ["opt", "opt-350m", "llama4_text", "bloom", "mpt", "falcon", "gemma3n_text", "gemma4_text"])
+@pytest.mark.parametrize("model_type", ["opt", "opt-350m", "llama4_text", "bloom", "mpt", "falcon", "gemma3n_text", "gemma4_text", "deepseek_v3"])
 def test_passes_of_decoders_laid_out_unlike_llama_equal_the_full_forward(small_decoder, model_type):
     """OPT's blocks under base.decoder (OPT-350m's wider than its embedding), Llama-4's under a base model named
     otherwise, ALiBi's biases by a key's index (BLOOM, MPT: a flat pass or a cache padded to a longer prefix would

@@ -119,7 +119,7 @@ class KVTap(LayerTap):
     """Block ℓ's KV cache (HF `past_key_values.layers[ℓ-1]`): keys after rotary, values, or both.
 
     Observation of one position: the n_kv_heads × head_dim keys (and/or values) flattened, keys
-    first: [B, T, dim], dim = n_kv_heads·head_dim (×2 for both). Rotary keys are compared at equal
+    first: [B, T, dim], dim = n_kv_heads·head_dim (×2 for both, where keys and values are alike: `shapes`). Rotary keys are compared at equal
     positions, so no un-rotation is needed to verify. The tap's prefix cache covers blocks 1..ℓ.
     """
 
@@ -137,23 +137,28 @@ class KVTap(LayerTap):
                              f"an earlier block's: Gemma-3n's and Gemma-4's KV sharing), so layer {self.layer} has no KV surface: "
                              "choose a lower layer")
         self.part = part
-        self._heads: tuple[int, int] | None = None
+        self._shapes: dict[str, tuple[int, int]] | None = None
 
     def __repr__(self):
         return f"KVTap({self.lm.name}, layer={self.layer}, part={self.part})"
 
     @property
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        """{"keys": (n_kv_heads, head_dim), "values": (...)} of block ℓ's cache, read off one 1-token forward (they
+        differ where attention caches a latent: DeepSeek-V3's compressed KV as keys, its rotary key part as values)."""
+        if self._shapes is None:
+            k, v = self.cache_of(torch.zeros(1, 1, dtype=torch.long, device=self.lm.device))
+            self._shapes = {"keys": (k.shape[1], k.shape[3]), "values": (v.shape[1], v.shape[3])}
+        return self._shapes
+
+    @property
     def heads(self) -> tuple[int, int]:
-        """(n_kv_heads, head_dim) of block ℓ's cache, read off one 1-token forward."""
-        if self._heads is None:
-            k, _ = self.cache_of(torch.zeros(1, 1, dtype=torch.long, device=self.lm.device))
-            self._heads = (k.shape[1], k.shape[3])
-        return self._heads
+        """(n_kv_heads, head_dim) of the first part observed (keys, unless only values): a file's must match."""
+        return self.shapes["values" if self.part == "values" else "keys"]
 
     @property
     def dim(self) -> int:
-        n, hd = self.heads
-        return n * hd * (2 if self.part == "both" else 1)
+        return sum(n * hd for part, (n, hd) in self.shapes.items() if self.part in (part, "both"))
 
     @property
     def key(self) -> str:
