@@ -155,3 +155,27 @@ def test_one_token_sequences_skip_query_and_key_with_the_same_states(model_type,
     assert not any("forward" in getattr(block, "self_attn", block).__dict__ for block in lm.blocks)  # restored
     with edit_kv(lm, 1, lambda k, v: (k, v * 2)):
         assert not torch.equal(run_layers(lm, [1], ids=ids)[0], fast[1])
+
+
+def test_blocks_with_a_recurrent_state_are_a_clear_error():
+    """LFM2's convolution blocks (and Qwen3-Next's gated delta nets, Falcon-H1's Mamba, ...) keep a state a prefix's
+    cache cannot be cut back to: inverting says so, as a ModelError (it was a ValueError from inside transformers'
+    cache), while its states are still captured by a plain forward."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from sipit.invert import invert
+    from sipit.models import ModelError
+    from sipit.models.lm import LM
+
+    config = AutoConfig.for_model("lfm2", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                  num_attention_heads=4, num_key_value_heads=2,
+                                  layer_types=["conv", "full_attention", "conv"])
+    torch.manual_seed(0)
+    lm = LM("lfm2", AutoModelForCausalLM.from_config(config).eval(), None)
+    ids = torch.randint(0, lm.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hidden = lm.model(ids, output_hidden_states=True).hidden_states
+    states = LayerTap(lm, 2).states(ids)
+    assert torch.allclose(states, hidden[2], atol=1e-6)
+    with pytest.raises(ModelError, match="conv blocks keep a recurrent state"):
+        invert(lm, states, 2, progress=False)

@@ -280,6 +280,13 @@ class LM:
             from transformers import DynamicCache
             from transformers.cache_utils import DynamicLayer
 
+            recurrent = sorted(set(getattr(self.model.config.get_text_config(), "layer_types", None) or ()) &
+                               RECURRENT_LAYERS)
+            if recurrent:  # (every pass of the loop grows a verified prefix's cache and cuts it back)
+                raise ModelError(f"{self.name}: its {'/'.join(recurrent)} blocks keep a recurrent state, not keys and "
+                                 "values a prefix's cache can be cut back to: inverting this model is not supported "
+                                 "(its states can still be captured)")
+
             self._empty_cache = DynamicCache(config=self.model.config)
             self._empty_cache.layers = [DynamicLayer() for _ in self._empty_cache.layers]
         cache = copy.copy(self._empty_cache)
@@ -426,6 +433,9 @@ def temporary_edit(lm: LM):
         lm.forget_fingerprint()
 
 
+RECURRENT_LAYERS = {"linear_attention", "hybrid", "hybrid_sliding", "conv"}  # transformers' layer types of blocks with
+#                    a state other than keys and values (gated delta nets, Mamba, short convolutions: Qwen3-Next,
+#                    Falcon-H1, Jamba, LFM2)
 _CONFIG_NOT_COMPUTED = ("transformers_version", "architectures", "dtype", "torch_dtype", "num_hidden_layers", "use_cache",
                         "output_hidden_states", "output_attentions", "return_dict", "id2label", "label2id")  # (and the
 #                        depth under its own name: LM._config_digest)
@@ -526,7 +536,8 @@ def attention_module(lm: LM, block: int) -> torch.nn.Module:
     for name in ("self_attn", "attn", "attention", "self_attention"):  # (BLOOM, Falcon: self_attention)
         if hasattr(b, name):
             return getattr(b, name)
-    raise ModelError(f"{lm.name}: block {block} has no attention module")
+    raise ModelError(f"{lm.name}: block {block} has no attention module (a state-space or recurrent block, as Mamba's? "
+                     "sipit's passes need blocks that attend: keys and values a prefix can be cut back to)")
 
 
 def attention_weights(lm: LM, block: int) -> dict[str, list[Tensor]]:
