@@ -1,6 +1,7 @@
 """Which Hugging Face decoders sipit inverts: a 3-block random model of each model type (d = 32, V = 96, built from
 its transformers config, no download), 3 prompts of 10 random ids, states at layer 3 (one full forward) and the KV
-cache of layer 2 inverted in lock-step under the measured ε. `python decoders.py [MODEL_TYPE ...]` -> one line each.
+cache of layer 2 inverted in lock-step under the measured ε. `python decoders.py [MODEL_TYPE ...]` -> one line each
+(opt-350m is a layout of the opt model type: its 350m size's, blocks wider than the embedding).
 
 The model types the suite does not build (tests/conftest.py LAYOUTS and tests/models/test_lm.py build the rest) are
 checked here, on the transformers version installed."""
@@ -37,12 +38,49 @@ CONFIGS = {  # what each model type needs beyond vocab_size=96, hidden_size=32, 
     "smollm3": dict(IDS, num_key_value_heads=2),
     "glm": dict(HEADS, pad_token_id=0, eos_token_id=[1]), "exaone4": HEADS, "seed_oss": HEADS, "ernie4_5": {},
     "apertus": {}, "hunyuan_v1_dense": dict(HEADS, rope_theta=10000.0),
+    # OPT-350m's layout (blocks wider than the embedding, no final norm); Gemma-3n's text model (2 residual streams,
+    # per-layer token embeddings, the last block reading block 1's keys and values: its KV surface is block 1's)
+    "opt-350m": dict(IDS, model_type="opt", ffn_dim=64, word_embed_proj_dim=24, do_layer_norm_before=False),
+    "gemma3n_text": dict(HEADS, vocab_size_per_layer_input=96, hidden_size_per_layer_input=8, laurel_rank=4,
+                         altup_num_inputs=2, num_kv_shared_layers=1, sliding_window=4,
+                         layer_types=["sliding_attention", "full_attention", "full_attention"],
+                         activation_sparsity_pattern=[0.95, 0.0, 0.0]),
+    # Gemma-4's text model: a head width by layer (8 sliding, 16 global), per-layer token embeddings, keys as values
+    "gemma4_text": dict(HEADS, global_head_dim=16, vocab_size_per_layer_input=96, hidden_size_per_layer_input=8,
+                        sliding_window=4, attention_k_eq_v=True),
+    # more model types of this transformers, MoEs with 4 experts (top 2)
+    "qwen3_moe": dict(HEADS, **IDS, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    "gpt_oss": dict(HEADS, **IDS, num_local_experts=4, num_experts_per_tok=2, sliding_window=4),
+    "deepseek_v3": dict(IDS, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4,
+                        qk_nope_head_dim=4, v_head_dim=8, n_group=1, topk_group=1),
+    "glm4": dict(HEADS, **IDS), "glm4_moe": dict(HEADS, **IDS, n_routed_experts=4, num_experts_per_tok=2,
+                                                 moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
+                                                 topk_group=1),
+    "cohere2": dict(HEADS, **IDS), "ministral": dict(HEADS, **IDS), "ministral3": dict(HEADS, **IDS),
+    "olmoe": dict(HEADS, **IDS, num_experts=4, num_experts_per_tok=2),
+    "granitemoe": dict(HEADS, **IDS, num_local_experts=4, num_experts_per_tok=2), "helium": dict(HEADS, **IDS),
+    "arcee": dict(HEADS, **IDS), "nemotron": dict(HEADS, **IDS), "exaone": dict(HEADS, **IDS),
+    "internlm3": dict(HEADS, **IDS), "bitnet": dict(HEADS, **IDS), "vaultgemma": dict(HEADS, **IDS),
+    "phimoe": dict(HEADS, **IDS, num_local_experts=4, num_experts_per_tok=2),
+    "jetmoe": dict(IDS, num_local_experts=4, num_experts_per_tok=2, kv_channels=8),
+    "ernie4_5_moe": dict(HEADS, **IDS, moe_num_experts=4, moe_k=2, moe_intermediate_size=32),
+    "hunyuan_v1_moe": dict(HEADS, **IDS, num_experts=4, moe_topk=2, rope_theta=10000.0),
+    "xglm": dict(HEADS, **IDS), "persimmon": dict(HEADS, **IDS), "biogpt": dict(HEADS, **IDS),
+}
+# Blocks with a recurrent state (convolutions, Mamba, gated delta nets): inverting them is refused with a ModelError
+# that says why (a SipIt pass cuts a verified prefix's cache back); listed to show the refusal, not counted above
+RECURRENT = {
+    "lfm2": dict(HEADS, **IDS, layer_types=["conv", "full_attention", "conv"]), "falcon_h1": dict(HEADS, **IDS),
+    "jamba": dict(HEADS, **IDS), "qwen3_next": dict(HEADS, **IDS), "qwen3_5_text": dict(HEADS, **IDS),
+    "mamba": dict(IDS),
 }
 
 
 def check(model_type: str) -> str:
-    config = AutoConfig.for_model(model_type, vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                                  num_attention_heads=4, **CONFIGS[model_type])
+    options = dict(CONFIGS[model_type] if model_type in CONFIGS else RECURRENT[model_type])
+    config = AutoConfig.for_model(options.pop("model_type", model_type), vocab_size=96, hidden_size=32,
+                                  intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, **options)
     torch.manual_seed(0)
     lm = LM(model_type, AutoModelForCausalLM.from_config(config).eval(), None)
     ids = torch.randint(0, lm.vocab_size, (3, 10), generator=torch.Generator().manual_seed(1))
@@ -58,7 +96,7 @@ def check(model_type: str) -> str:
 
 if __name__ == "__main__":
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, 2 threads")
-    for model_type in sys.argv[1:] or CONFIGS:
+    for model_type in sys.argv[1:] or [*CONFIGS, *RECURRENT]:
         try:
             print(check(model_type), flush=True)
         except Exception as e:  # a model type this transformers cannot build or sipit cannot read: say which, go on
