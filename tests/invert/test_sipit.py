@@ -54,7 +54,8 @@ def test_exact_recovery(lm, policy, layer, final_norm):
                 assert q.certified_by is None and (q.margin is None or q.margin_over < lm.vocab_size - 1)
 
 
-@pytest.mark.parametrize("model_type", ["opt", "opt-350m", "llama4_text", "bloom", "mpt", "falcon", "gemma3n_text", "gemma4_text", "deepseek_v3"])
+@pytest.mark.parametrize("model_type", ["opt", "opt-350m", "llama4_text", "bloom", "mpt", "falcon", "gemma3n_text",
+                                        "gemma4_text", "deepseek_v3"])
 def test_exact_recovery_on_decoders_laid_out_unlike_llama(small_decoder, model_type):
     """OPT (125m's and 350m's layouts), Llama-4's text model, BLOOM, MPT and Falcon (conftest.LAYOUTS): prompts
     inverted in lock-step come back exact and "ok", under an ε measured on the passes the loop uses (MPT's had

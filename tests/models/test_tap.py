@@ -146,7 +146,8 @@ def test_extend_many_with_a_sliding_window(tiny_gemma3):
         assert torch.allclose(tap.extend(grown_prefix, nxt), full, rtol=1e-5, atol=1e-5 * float(full.abs().max()))
 
 
-@pytest.mark.parametrize("model_type", ["opt", "opt-350m", "llama4_text", "bloom", "mpt", "falcon", "gemma3n_text", "gemma4_text", "deepseek_v3"])
+@pytest.mark.parametrize("model_type", ["opt", "opt-350m", "llama4_text", "bloom", "mpt", "falcon", "gemma3n_text",
+                                        "gemma4_text", "deepseek_v3"])
 def test_passes_of_decoders_laid_out_unlike_llama_equal_the_full_forward(small_decoder, model_type):
     """OPT's blocks under base.decoder (OPT-350m's wider than its embedding), Llama-4's under a base model named
     otherwise, ALiBi's biases by a key's index (BLOOM, MPT: a flat pass or a cache padded to a longer prefix would
@@ -167,10 +168,10 @@ def test_passes_of_decoders_laid_out_unlike_llama_equal_the_full_forward(small_d
 
 
 def test_several_residual_streams_are_read_side_by_side(small_decoder):
-    """Gemma-3n's blocks hand on 2 streams here (AltUp, [A, B, T, d]): a layer's state is them side by side, [B, T, A·d],
-    the model's own hidden_states at every layer (it was [A, B, T, d], which no inversion took). What it does not have
-    is a clear error: a final norm applied to the streams (the model mixes them first), a KV surface of the block that
-    reads an earlier one's keys and values."""
+    """Gemma-3n's blocks hand on 2 streams here (AltUp, [A, B, T, d]): a layer's state is them side by side,
+    [B, T, A·d], the model's own hidden_states at every layer (it was [A, B, T, d], which no inversion took). What it
+    does not have is a clear error: a final norm applied to the streams (the model mixes them first), a KV surface of
+    the block that reads an earlier one's keys and values."""
     from sipit.models import ModelError
 
     lm = small_decoder("gemma3n_text")

@@ -436,9 +436,9 @@ def temporary_edit(lm: LM):
 RECURRENT_LAYERS = {"linear_attention", "hybrid", "hybrid_sliding", "conv"}  # transformers' layer types of blocks with
 #                    a state other than keys and values (gated delta nets, Mamba, short convolutions: Qwen3-Next,
 #                    Falcon-H1, Jamba, LFM2)
-_CONFIG_NOT_COMPUTED = ("transformers_version", "architectures", "dtype", "torch_dtype", "num_hidden_layers", "use_cache",
-                        "output_hidden_states", "output_attentions", "return_dict", "id2label", "label2id")  # (and the
-#                        depth under its own name: LM._config_digest)
+_CONFIG_NOT_COMPUTED = ("transformers_version", "architectures", "dtype", "torch_dtype", "num_hidden_layers",
+                        "use_cache", "output_hidden_states", "output_attentions", "return_dict", "id2label",
+                        "label2id")  # (and the depth under its own name: LM._config_digest)
 
 
 def _state_dict_prefix(model: nn.Module, module: nn.Module) -> str:

@@ -119,8 +119,9 @@ class KVTap(LayerTap):
     """Block ℓ's KV cache (HF `past_key_values.layers[ℓ-1]`): keys after rotary, values, or both.
 
     Observation of one position: the n_kv_heads × head_dim keys (and/or values) flattened, keys
-    first: [B, T, dim], dim = n_kv_heads·head_dim (×2 for both, where keys and values are alike: `shapes`). Rotary keys are compared at equal
-    positions, so no un-rotation is needed to verify. The tap's prefix cache covers blocks 1..ℓ.
+    first: [B, T, dim], dim = n_kv_heads·head_dim (×2 for both, where keys and values are alike: `shapes`).
+    Rotary keys are compared at equal positions, so no un-rotation is needed to verify. The tap's prefix
+    cache covers blocks 1..ℓ.
     """
 
     plain_states = False
@@ -134,8 +135,8 @@ class KVTap(LayerTap):
             raise ModelError(f"KV part must be one of {', '.join(KV_PARTS)}, got {part!r}")
         if getattr(attention_module(lm, self.layer - 1), "is_kv_shared_layer", False):
             raise ModelError(f"{lm.name}: block {self.layer - 1} (0-based) keeps no KV cache of its own (it reads "
-                             f"an earlier block's: Gemma-3n's and Gemma-4's KV sharing), so layer {self.layer} has no KV surface: "
-                             "choose a lower layer")
+                             "an earlier block's: Gemma-3n's and Gemma-4's KV sharing), so layer "
+                             f"{self.layer} has no KV surface: choose a lower layer")
         self.part = part
         self._shapes: dict[str, tuple[int, int]] | None = None
 

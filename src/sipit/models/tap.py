@@ -229,7 +229,7 @@ class LayerTap:
     def dim(self) -> int:
         """Size of one observed vector (what SipIt compares): the residual stream's width, or with the final norm
         what the LM head reads (OPT-350m: project_out's 512, not the blocks' 1024)."""
-        return self.lm.unembedding_rows().shape[1] if self.final_norm else self.lm.d_model
+        return self.lm.model.get_output_embeddings().weight.shape[1] if self.final_norm else self.lm.d_model
 
     @property
     def key(self) -> str:
