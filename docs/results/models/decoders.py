@@ -67,6 +67,8 @@ CONFIGS = {  # what each model type needs beyond vocab_size=96, hidden_size=32, 
     "ernie4_5_moe": dict(HEADS, **IDS, moe_num_experts=4, moe_k=2, moe_intermediate_size=32),
     "hunyuan_v1_moe": dict(HEADS, **IDS, num_experts=4, moe_topk=2, rope_theta=10000.0),
     "xglm": dict(HEADS, **IDS), "persimmon": dict(HEADS, **IDS), "biogpt": dict(HEADS, **IDS),
+    "minicpm3": dict(IDS, num_key_value_heads=4, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=8, kv_lora_rank=16,
+                     q_lora_rank=16),
 }
 # Blocks with a recurrent state (convolutions, Mamba, gated delta nets): inverting them is refused with a ModelError
 # that says why (a SipIt pass cuts a verified prefix's cache back); listed to show the refusal, not counted above
