@@ -96,7 +96,7 @@ class LM:
         """Residual streams the blocks carry side by side: Gemma-3n's AltUp hands [A, B, T, d] from block to block (A =
         4 in E2B and E4B), every other decoder one [B, T, d]. A layer's state is read as the A streams side by side,
         [B, T, A·d] (models/tap.py)."""
-        return getattr(self.model.config.get_text_config(), "altup_num_inputs", None) or 1
+        return self.config_value("altup_num_inputs", 1)
 
     @property
     def vocab_size(self) -> int:
@@ -122,7 +122,7 @@ class LM:
     def sliding_window(self) -> int | None:
         """Keys the model's sliding-window layers see (Gemma-3, Mistral), None where no layer slides; from the text
         config, where an image-text model keeps it."""
-        return getattr(self.model.config.get_text_config(), "sliding_window", None) or None
+        return self.config_value("sliding_window") or None
 
     def config_value(self, name: str, default=None):
         """The text config's `name`, the largest where it varies by block (a list: Gemma-3n's MLP widths; transformers'
@@ -538,6 +538,12 @@ def attention_module(lm: LM, block: int) -> torch.nn.Module:
             return getattr(b, name)
     raise ModelError(f"{lm.name}: block {block} has no attention module (a state-space or recurrent block, as Mamba's? "
                      "sipit's passes need blocks that attend: keys and values a prefix can be cut back to)")
+
+
+def reads_earlier_kv(lm: LM, block: int) -> bool:
+    """Whether block `block` (0-based) keeps no keys and values of its own and attends with an earlier block's
+    (Gemma-3n's and Gemma-4's KV sharing)."""
+    return bool(getattr(attention_module(lm, block), "is_kv_shared_layer", False))
 
 
 def attention_weights(lm: LM, block: int) -> dict[str, list[Tensor]]:

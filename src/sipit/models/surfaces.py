@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from .load import LM, ModelError
-from .lm import attention_module
+from .lm import attention_module, reads_earlier_kv
 from .tap import LayerTap, _Stop, position0_tables
 
 KV_PARTS = ("keys", "values", "both")
@@ -133,7 +133,7 @@ class KVTap(LayerTap):
             raise ModelError("the KV surface needs a block: layer ℓ ≥ 1 means block ℓ's cache (HF layers[ℓ-1])")
         if part not in KV_PARTS:
             raise ModelError(f"KV part must be one of {', '.join(KV_PARTS)}, got {part!r}")
-        if getattr(attention_module(lm, self.layer - 1), "is_kv_shared_layer", False):
+        if reads_earlier_kv(lm, self.layer - 1):
             raise ModelError(f"{lm.name}: block {self.layer - 1} (0-based) keeps no KV cache of its own (it reads "
                              "an earlier block's: Gemma-3n's and Gemma-4's KV sharing), so layer "
                              f"{self.layer} has no KV surface: choose a lower layer")
@@ -218,7 +218,7 @@ def kv_observation(keys: Tensor | None, values: Tensor | None, part: str) -> Ten
 
 def logit_softcap(lm: LM) -> float | None:
     """Gemma-2/3's final soft-capping: logits = cap·tanh(z / cap); None when the model has none."""
-    cap = getattr(lm.model.config.get_text_config(), "final_logit_softcapping", None)
+    cap = lm.config_value("final_logit_softcapping")
     return float(cap) if cap else None
 
 
