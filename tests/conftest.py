@@ -45,7 +45,8 @@ LAYOUTS = {  # Hugging Face decoders laid out unlike Llama: their blocks below t
     #          residual streams and per-layer token embeddings, the last block reading an earlier one's keys and
     #          values (Gemma-3n), a head width that differs by layer in transformers' per-layer config (Gemma-4), a
     #          cache of a compressed latent and a rotary part, of other widths (DeepSeek-V3's multi-head latent
-    #          attention)
+    #          attention), blocks with a recurrent state beside attention ones (LFM2's short convolutions, Qwen3-Next's
+    #          and Qwen3.5's gated delta nets, Jamba's Mamba blocks, Falcon-H1's Mamba beside attention in every block)
     "opt": dict(ffn_dim=64, word_embed_proj_dim=32, pad_token_id=0, bos_token_id=1, eos_token_id=2),
     "opt-350m": dict(model_type="opt", ffn_dim=64, word_embed_proj_dim=24, do_layer_norm_before=False, pad_token_id=0,
                      bos_token_id=1, eos_token_id=2),
@@ -65,6 +66,14 @@ LAYOUTS = {  # Hugging Face decoders laid out unlike Llama: their blocks below t
                         eos_token_id=2),
     "gemma4_text": dict(num_key_value_heads=2, head_dim=8, global_head_dim=16, vocab_size_per_layer_input=96,
                         hidden_size_per_layer_input=8, sliding_window=4, attention_k_eq_v=True),
+    "lfm2": dict(num_key_value_heads=2, layer_types=["conv", "full_attention", "conv"]),
+    "qwen3_next": dict(num_key_value_heads=2, head_dim=8, layer_types=["linear_attention", "full_attention",
+                                                                       "linear_attention"]),
+    "qwen3_5_text": dict(num_key_value_heads=2, head_dim=8, layer_types=["linear_attention", "full_attention",
+                                                                         "linear_attention"]),
+    "jamba": dict(num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, pad_token_id=0),
+    "falcon_h1": dict(num_key_value_heads=2, head_dim=8, pad_token_id=0, mamba_chunk_size=16),  # (its reference
+    #              scan pads every pass to a chunk: 256 tokens by default)
 }
 
 

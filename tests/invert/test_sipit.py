@@ -55,9 +55,10 @@ def test_exact_recovery(lm, policy, layer, final_norm):
 
 
 @pytest.mark.parametrize("model_type", ["opt", "opt-350m", "llama4_text", "bloom", "mpt", "falcon", "gemma3n_text",
-                                        "gemma4_text", "deepseek_v3"])
+                                        "gemma4_text", "deepseek_v3", "lfm2", "jamba"])
 def test_exact_recovery_on_decoders_laid_out_unlike_llama(small_decoder, model_type):
-    """OPT (125m's and 350m's layouts), Llama-4's text model, BLOOM, MPT and Falcon (conftest.LAYOUTS): prompts
+    """OPT (125m's and 350m's layouts), Llama-4's text model, BLOOM, MPT, Falcon, and with recurrent blocks LFM2 and
+    Jamba (conftest.LAYOUTS; their prefixes grown in passes of their own, Jamba's a token at a time): prompts
     inverted in lock-step come back exact and "ok", under an ε measured on the passes the loop uses (MPT's had
     measured keys moved by flat passes: every token within it, all "ambiguous")."""
     lm = small_decoder(model_type)

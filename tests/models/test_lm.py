@@ -157,25 +157,25 @@ def test_one_token_sequences_skip_query_and_key_with_the_same_states(model_type,
         assert not torch.equal(run_layers(lm, [1], ids=ids)[0], fast[1])
 
 
-def test_blocks_with_a_recurrent_state_are_a_clear_error():
-    """LFM2's convolution blocks (and Qwen3-Next's gated delta nets, Falcon-H1's Mamba, ...) keep a state a prefix's
-    cache cannot be cut back to: inverting says so, as a ModelError (it was a ValueError from inside transformers'
-    cache), while its states are still captured by a plain forward."""
+def test_recurrent_blocks_not_checked_are_a_clear_error():
+    """RecurrentGemma's passes on its cache do not reproduce its full forward (measured ε 14: every prompt would be
+    `ambiguous`): inverting a model type with recurrent blocks that decoders.py did not check is a ModelError saying
+    so, while its states are still captured by a plain forward."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from sipit.invert import invert
     from sipit.models import ModelError
     from sipit.models.lm import LM
 
-    config = AutoConfig.for_model("lfm2", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                                  num_attention_heads=4, num_key_value_heads=2,
-                                  layer_types=["conv", "full_attention", "conv"])
+    config = AutoConfig.for_model("recurrent_gemma", vocab_size=96, hidden_size=32, intermediate_size=64,
+                                  num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     torch.manual_seed(0)
-    lm = LM("lfm2", AutoModelForCausalLM.from_config(config).eval(), None)
+    lm = LM("recurrent_gemma", AutoModelForCausalLM.from_config(config).eval(), None)
     ids = torch.randint(0, lm.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         hidden = lm.model(ids, output_hidden_states=True).hidden_states
     states = LayerTap(lm, 2).states(ids)
     assert torch.allclose(states, hidden[2], atol=1e-6)
-    with pytest.raises(ModelError, match="conv blocks keep a recurrent state"):
+    with pytest.raises(ModelError, match="recurrent_gemma blocks keep a recurrent state, and passes on their cache "
+                                         "were not checked"):
         invert(lm, states, 2, progress=False)

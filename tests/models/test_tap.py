@@ -147,7 +147,8 @@ def test_extend_many_with_a_sliding_window(tiny_gemma3):
 
 
 @pytest.mark.parametrize("model_type", ["opt", "opt-350m", "llama4_text", "bloom", "mpt", "falcon", "gemma3n_text",
-                                        "gemma4_text", "deepseek_v3"])
+                                        "gemma4_text", "deepseek_v3", "lfm2", "qwen3_next",
+                                        "qwen3_5_text", "jamba", "falcon_h1"])
 def test_passes_of_decoders_laid_out_unlike_llama_equal_the_full_forward(small_decoder, model_type):
     """OPT's blocks under base.decoder (OPT-350m's wider than its embedding), Llama-4's under a base model named
     otherwise, ALiBi's biases by a key's index (BLOOM, MPT: a flat pass or a cache padded to a longer prefix would
@@ -165,6 +166,36 @@ def test_passes_of_decoders_laid_out_unlike_llama_equal_the_full_forward(small_d
             assert torch.allclose(h[0], full[p, t:t + k], rtol=1e-5, atol=1e-5 * float(full[p].abs().max()))
         h = tap.extend(requests[2][0], ids[2, 7:9][None], layout=layout)  # one request alone
         assert torch.allclose(h[0], full[2, 7:9], rtol=1e-5, atol=1e-5 * float(full[2].abs().max()))
+
+
+def test_a_recurrent_prefix_is_grown_in_its_own_pass_not_cut_back(small_decoder):
+    """Qwen3-Next's gated delta nets keep a state that holds no earlier position (conftest.LAYOUTS: linear, full,
+    linear attention; inverting it was refused): a shorter prefix's cache is made anew, a pass's grown prefix by a pass
+    of its tokens on the prefix's own, a pass never updates a prefix's state in place, and a Prefix that cannot regrow
+    refuses to be cut back rather than keep a state of its whole length. Block 0 keeps no keys and values: its KV
+    surface is a clear error. Certificates (which read every position on a crop of the prompt) come out exact."""
+    from sipit.models import ModelError
+    from sipit.models.tap import Prefix
+
+    lm = small_decoder("qwen3_next")
+    tap = LayerTap(lm, 3)
+    ids = torch.randint(0, lm.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
+    full = tap.states(ids)
+    close = dict(rtol=1e-5, atol=1e-5 * float(full.abs().max()))
+    assert lm.recurrent and not small_decoder("opt").recurrent
+    prefix = tap.prefill(ids[:8])
+    assert torch.allclose(tap.extend(prefix.crop(3), ids[3:5][None])[0], full[3:5], **close)
+    assert torch.allclose(tap.extend(prefix, ids[8:10][None])[0], full[8:10], **close)  # (untouched by the passes)
+    assert torch.allclose(tap.extend(prefix, ids[8:10][None])[0], full[8:10], **close)
+    _, grown = tap.extend(tap.prefill(ids[:2]), ids[2:7][None], keep=True)
+    assert torch.allclose(tap.extend(grown(0, 3), ids[5:7][None])[0], full[5:7], **close)
+    with pytest.raises(RuntimeError, match="cannot be cut back"):
+        Prefix(ids[:8], prefix.cache).crop(3)
+    with pytest.raises(ModelError, match="block 0 .* no attention module"):
+        KVTap(lm, 1)
+    r = invert(lm, full[None], 3, InvertConfig(certify="top:8", calibration_tokens=8192), progress=False,
+               true_ids=[ids.tolist()])
+    assert r.prompts[0].ids == ids.tolist() and r.prompts[0].status == "ok"
 
 
 def test_several_residual_streams_are_read_side_by_side(small_decoder):

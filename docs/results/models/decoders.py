@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from sipit.invert import invert
 from sipit.models import LayerTap
+from sipit.models import ModelError
 from sipit.models.lm import LM
 from sipit.models.surfaces import KVTap
 
@@ -70,12 +71,22 @@ CONFIGS = {  # what each model type needs beyond vocab_size=96, hidden_size=32, 
     "minicpm3": dict(IDS, num_key_value_heads=4, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=8, kv_lora_rank=16,
                      q_lora_rank=16),
 }
-# Blocks with a recurrent state (convolutions, Mamba, gated delta nets): inverting them is refused with a ModelError
-# that says why (a SipIt pass cuts a verified prefix's cache back); listed to show the refusal, not counted above
+# Blocks with a recurrent state (short convolutions, Mamba, gated delta nets, RG-LRU) beside attention blocks: a
+# prefix's state is grown in a pass of its own where it cannot be cut back (models/tap.py); a block with no attention
+# has no KV cache surface (a ModelError says so), and a model without any (Mamba, FalconMamba) none at all. Mamba-2
+# chunk sizes made small: transformers' reference scan (no mamba_ssm here) pads every pass to a chunk
 RECURRENT = {
-    "lfm2": dict(HEADS, **IDS, layer_types=["conv", "full_attention", "conv"]), "falcon_h1": dict(HEADS, **IDS),
-    "jamba": dict(HEADS, **IDS), "qwen3_next": dict(HEADS, **IDS), "qwen3_5_text": dict(HEADS, **IDS),
-    "mamba": dict(IDS),
+    "lfm2": dict(HEADS, **IDS, layer_types=["conv", "full_attention", "conv"]),
+    "lfm3": dict(HEADS, **IDS),
+    "falcon_h1": dict(HEADS, **IDS, mamba_chunk_size=16),
+    "jamba": dict(HEADS, **IDS, attn_layer_period=2, attn_layer_offset=1),
+    "qwen3_next": dict(HEADS, **IDS, layer_types=["linear_attention", "full_attention", "linear_attention"]),
+    "qwen3_5_text": dict(HEADS, **IDS, layer_types=["linear_attention", "full_attention", "linear_attention"]),
+    "olmo_hybrid": dict(HEADS, **IDS), "minimax": dict(HEADS, **IDS), "recurrent_gemma": dict(HEADS, **IDS),
+    "nemotron_h": dict(HEADS, **IDS, chunk_size=16),
+    "bamba": dict(HEADS, **IDS, mamba_n_heads=4, mamba_d_head=16, mamba_chunk_size=16),
+    "granitemoehybrid": dict(HEADS, **IDS, mamba_n_heads=4, mamba_d_head=16, mamba_chunk_size=16),
+    "mamba": dict(IDS), "falcon_mamba": dict(IDS), "mamba2": dict(IDS, num_heads=4, head_dim=16, chunk_size=16),
 }
 
 
@@ -87,9 +98,14 @@ def check(model_type: str) -> str:
     lm = LM(model_type, AutoModelForCausalLM.from_config(config).eval(), None)
     ids = torch.randint(0, lm.vocab_size, (3, 10), generator=torch.Generator().manual_seed(1))
     out = []
-    for tap in (LayerTap(lm, 3), KVTap(lm, 2, "both")):
+    for surface, make in (("L3", lambda: LayerTap(lm, 3)), ("kv:both:L2", lambda: KVTap(lm, 2, "both"))):
         start = time.perf_counter()
-        r = invert(lm, tap.states(ids), tap.layer, progress=False, true_ids=ids.tolist(), tap=tap)
+        try:
+            tap = make()
+            r = invert(lm, tap.states(ids), tap.layer, progress=False, true_ids=ids.tolist(), tap=tap)
+        except ModelError as e:  # (a surface the model does not have: a recurrent block keeps no keys and values)
+            out.append(f"{surface}: ModelError: {str(e)[:120]}")
+            continue
         statuses = "/".join(sorted({p.status for p in r.prompts}))
         out.append(f"{tap.key}: {sum(p.exact for p in r.prompts)}/3 exact, {statuses}, eps {r.eps:.1e}, "
                    f"{time.perf_counter() - start:.1f} s")

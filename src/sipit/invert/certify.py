@@ -35,7 +35,8 @@ class Certifier:
         ids [T] recovered; evaluated: t -> {id: distance} already known (updated); cost: forward_tokens /
         tap_calls (updated)."""
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.lm.device)
-        prefix = Prefix(ids, make=lambda: self.tap.prefill(ids).cache)  # (run only if something is evaluated)
+        prefix = Prefix(ids, make=lambda: self.tap.prefill(ids).cache,  # (run only if something is evaluated)
+                        regrow=self.tap.regrow)
         rows = self.tap.rows_that_fit(len(ids) + 1, self.batch_size)
         for part in chunks(self.wanted(prefix, positions, evaluated, policy), rows):
             answers = self.tap.extend_many(self.requests(prefix, part), rows)

@@ -275,23 +275,41 @@ class LM:
         the attention mask, which transformers builds from the config, as in the cache-free forward that
         captures states. Copied from one built once (building reads the config per layer: 0.47 ms for
         SmolLM2, a copy 0.03 ms, and every speculation pass paid it). The template's layers hold no cached
-        tensors yet, and a layer's update rebinds its keys and values, so shallow copies are independent caches."""
+        tensors yet, and a layer's update rebinds its keys and values, so shallow copies are independent caches.
+        A block with a recurrent state keeps transformers' layer for it (`recurrent`), which fills its state dicts
+        in place: each cache gets its own copy (of no tensors)."""
         if self._empty_cache is None:
             from transformers import DynamicCache
-            from transformers.cache_utils import DynamicLayer
+            from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 
-            recurrent = sorted(set(getattr(self.model.config.get_text_config(), "layer_types", None) or ()) &
-                               RECURRENT_LAYERS)
-            if recurrent:  # (every pass of the loop grows a verified prefix's cache and cuts it back)
-                raise ModelError(f"{self.name}: its {'/'.join(recurrent)} blocks keep a recurrent state, not keys and "
-                                 "values a prefix's cache can be cut back to: inverting this model is not supported "
+            text = self.model.config.get_text_config()
+            if self.recurrent and text.model_type not in RECURRENT_CHECKED:
+                raise ModelError(f"{self.name}: its {text.model_type} blocks keep a recurrent state, and passes on "
+                                 "their cache were not checked to equal its full forward (for "
+                                 f"{', '.join(sorted(RECURRENT_CHECKED))} they were): inverting it is not supported "
                                  "(its states can still be captured)")
-
             self._empty_cache = DynamicCache(config=self.model.config)
-            self._empty_cache.layers = [DynamicLayer() for _ in self._empty_cache.layers]
+            self._empty_cache.layers = [_whole(layer) if isinstance(layer, LinearAttentionCacheLayerMixin) else
+                                        DynamicLayer() for layer in self._empty_cache.layers]
         cache = copy.copy(self._empty_cache)
-        cache.layers = [copy.copy(layer) for layer in self._empty_cache.layers[:blocks]]
+        cache.layers = [copy.deepcopy(layer) if hasattr(layer, "recurrent_states") else copy.copy(layer)
+                        for layer in self._empty_cache.layers[:blocks]]
         return cache
+
+    @property
+    def scans_from_zero(self) -> bool:
+        """Whether the model's Mamba-1 blocks start a pass of several tokens from a zero state whatever its cache holds
+        (transformers' selective scan: "initial hidden state is not supported by the kernel path"; Jamba, Zamba,
+        Mamba, FalconMamba): a pass on a cached prefix then goes a token at a time (models/tap.py)."""
+        return self.model.config.get_text_config().model_type in SCANS_FROM_ZERO
+
+    @cached_property
+    def recurrent(self) -> bool:
+        """Whether some block keeps a recurrent state besides (or instead of) keys and values: gated delta nets
+        (Qwen3-Next, Qwen3.5), Mamba (Jamba, Falcon-H1), short convolutions (LFM2). Such a state holds no earlier
+        position, so a prefix's cache can be neither cut back nor read off a longer pass: models/tap.py grows it in
+        passes of its own instead, and never passes rows flat."""
+        return bool(set(getattr(self.model.config.get_text_config(), "layer_types", None) or ()) & RECURRENT_LAYERS)
 
     def logits(self, ids: Tensor, cache=None) -> Tensor:
         """Next-token logits [B, T, V] for ids [B, T], after the positions `cache` holds (a transformers Cache, which
@@ -436,9 +454,24 @@ def temporary_edit(lm: LM):
 RECURRENT_LAYERS = {"linear_attention", "hybrid", "hybrid_sliding", "conv"}  # transformers' layer types of blocks with
 #                    a state other than keys and values (gated delta nets, Mamba, short convolutions: Qwen3-Next,
 #                    Falcon-H1, Jamba, LFM2)
+RECURRENT_CHECKED = {"lfm2", "lfm3", "qwen3_next", "qwen3_5_text", "jamba", "olmo_hybrid", "falcon_h1", "mamba",
+                     "falcon_mamba"}  # model types with recurrent blocks whose passes on a cache equal the full forward
+#                    (docs/results/models/decoders.py); others' do not (RecurrentGemma, Nemotron-H: ε 13-14) or fail
+#                    inside transformers (MiniMax's own cache, Bamba's and GraniteMoE-Hybrid's, Mamba-2)
+SCANS_FROM_ZERO = {"jamba", "zamba", "mamba", "falcon_mamba"}  # model types whose multi-token scans ignore the cache
 _CONFIG_NOT_COMPUTED = ("transformers_version", "architectures", "dtype", "torch_dtype", "num_hidden_layers",
                         "use_cache", "output_hidden_states", "output_attentions", "return_dict", "id2label",
                         "label2id")  # (and the depth under its own name: LM._config_digest)
+
+
+def _whole(layer):
+    """A recurrent block's cache layer with keys kept whole where it would keep a sliding window's (as new_cache
+    keeps every attention layer's)."""
+    from transformers import cache_utils
+
+    if isinstance(layer, cache_utils.LinearAttentionAndSlidingWindowAttentionLayer):
+        return cache_utils.LinearAttentionAndFullAttentionLayer(number_of_states=layer.number_of_states)
+    return layer
 
 
 def _state_dict_prefix(model: nn.Module, module: nn.Module) -> str:
@@ -536,8 +569,8 @@ def attention_module(lm: LM, block: int) -> torch.nn.Module:
     for name in ("self_attn", "attn", "attention", "self_attention"):  # (BLOOM, Falcon: self_attention)
         if hasattr(b, name):
             return getattr(b, name)
-    raise ModelError(f"{lm.name}: block {block} has no attention module (a state-space or recurrent block, as Mamba's? "
-                     "sipit's passes need blocks that attend: keys and values a prefix can be cut back to)")
+    raise ModelError(f"{lm.name}: block {block} (0-based) has no attention module (a recurrent block, as Mamba's or a "
+                     "gated delta net's?), so no keys and values of its own: choose a block that attends")
 
 
 def reads_earlier_kv(lm: LM, block: int) -> bool:

@@ -93,6 +93,8 @@ class Prefix:
     made: object = None  # transformers Cache with batch size 1, or None for an empty prefix / layer 0 ...
     make: Callable[[], object] | None = field(default=None, repr=False)  # ... or what copies it out of a pass's
     #     batched cache on first use (a pass's grown prefixes: most are never extended, e.g. a prompt's last)
+    regrow: Callable[[Tensor], object] | None = field(default=None, repr=False)  # a recurrent model's (LM.recurrent):
+    #     the cache of ids [t] made anew, as crop makes a shorter prefix's (its state cannot be cut back)
 
     @property
     def cache(self):
@@ -108,8 +110,13 @@ class Prefix:
         """The prefix of the first t tokens (a view; the original stays valid)."""
         if t == self.length:
             return self
-        if t == 0 or self.cache is None:  # (t = 0 leaves a lazy cache unmade)
-            return Prefix(self.ids[:t], None)
+        if t == 0 or (self.make is None and self.made is None):  # (t = 0 leaves a lazy cache unmade)
+            return Prefix(self.ids[:t], None, regrow=self.regrow)
+        if self.regrow is not None:
+            ids = self.ids[:t]
+            return Prefix(ids, make=lambda: self.regrow(ids), regrow=self.regrow)
+        if any(_recurrent(layer) for layer in self.cache.layers):
+            raise RuntimeError("a recurrent cache cannot be cut back: give its Prefix a regrow (LayerTap.regrow)")
         cache = copy.copy(self.cache)
         cache.layers = []
         for layer in self.cache.layers:
@@ -120,12 +127,36 @@ class Prefix:
         return Prefix(self.ids[:t], cache)
 
 
+def _recurrent(layer) -> bool:
+    """Whether a cache layer holds recurrent states (transformers' linear-attention layers: conv and recurrent
+    states [B, ...], filled in place by the pass that reads them)."""
+    return hasattr(layer, "recurrent_states")
+
+
+def _with_states(layer, make: Callable[[str, int, Tensor], Tensor]):
+    """A shallow copy of a cache layer whose recurrent states (if any) are make(name, i, state) for each state
+    `name`[i] ("conv_states" or "recurrent_states"): new tensors in dicts of its own, so a pass that updates them in
+    place leaves the original as it was."""
+    layer = copy.copy(layer)
+    if _recurrent(layer):
+        for key, value in vars(layer).items():
+            if isinstance(value, dict):
+                setattr(layer, key, dict(value))
+        for name in ("conv_states", "recurrent_states"):
+            states = getattr(layer, name)
+            for i, x in states.items():
+                if x is not None:
+                    states[i] = make(name, i, x)
+    return layer
+
+
 def _expand(cache, batch: int):
-    """A fresh cache whose layers are batch-expanded *views* of `cache` (no copy, no mutation)."""
+    """A fresh cache whose layers are batch-expanded *views* of `cache` (no copy, no mutation; recurrent states,
+    which a pass updates in place, copied)."""
     new = copy.copy(cache)
     new.layers = []
     for layer in cache.layers:
-        layer = copy.copy(layer)
+        layer = _with_states(layer, lambda name, i, x: x.repeat(batch, *[1] * (x.dim() - 1)))
         if getattr(layer, "is_initialized", False):
             layer.keys = layer.keys.expand(batch, -1, -1, -1)
             layer.values = layer.values.expand(batch, -1, -1, -1)
@@ -150,12 +181,15 @@ def _select(cache, b: int, spans: list[tuple[int, int]]):
 
 def _padded(caches: list, rows: list[int], length: int):
     """One cache of sum(rows) rows from batch-1 caches of different lengths: request i's cache
-    repeated rows[i] times, right-padded with zeros to `length` positions (None: an empty prefix)."""
+    repeated rows[i] times, right-padded with zeros to `length` positions (None: an empty prefix, whose
+    recurrent states are zeros: what a first pass starts from)."""
     template = next(c for c in caches if c is not None)
     new = copy.copy(template)
     new.layers = []
     for j, layer in enumerate(template.layers):
-        layer = copy.copy(layer)
+        layer = _with_states(layer, lambda name, i, x, j=j: torch.cat([
+            x.new_zeros(n, *x.shape[1:]) if c is None else getattr(c.layers[j], name)[i].expand(n, *x.shape[1:])
+            for c, n in zip(caches, rows)]))
         if getattr(layer, "is_initialized", False):
             for name in ("keys", "values"):
                 x = getattr(layer, name)  # [1, H, t, hd]
@@ -221,7 +255,17 @@ class LayerTap:
         heads, kv_heads, head_dim = attention_shape(self.lm)
         wide = self.lm.config_value("intermediate_size") or 4 * self.lm.config_value("hidden_size")
         size = self.lm.dtype.itemsize
-        return self.blocks_read * 2 * kv_heads * head_dim * size + 4 * heads, 4 * wide * size
+        return self.blocks_read * 2 * kv_heads * head_dim * size + 4 * heads, 4 * wide * size + self._state_bytes
+
+    @cached_property
+    def _state_bytes(self) -> int:
+        """Bytes of the recurrent states a row's cache holds in the blocks read (LM.recurrent; Qwen3.5's gated delta
+        nets ~1 MB a block), read off a one-token prefix; 0 for attention only."""
+        if not self.lm.recurrent or self.blocks_read == 0:
+            return 0
+        cache = self.prefill(torch.zeros(1, dtype=torch.long)).cache
+        return sum(x.numel() * x.element_size() for layer in cache.layers if _recurrent(layer)
+                   for states in (layer.conv_states, layer.recurrent_states) for x in states.values() if x is not None)
 
     plain_states = True  # observes the residual stream itself: a ranker may read the LM head off it
 
@@ -252,6 +296,23 @@ class LayerTap:
     def _run(self, **kw) -> Tensor:
         return run_layers(self.lm, [self.layer], final_norm=self.final_norm, **kw)[0]
 
+    def _run_on(self, cache, cached: bool, **inputs) -> Tensor:
+        """_run of new tokens (ids or embeds, position_ids [B, k], attention_mask [B, P + k]) on `cache`, which holds
+        a prefix if `cached`: then a token at a time where the model's multi-token scans would start from zeros
+        instead of the cache's state (LM.scans_from_zero: Jamba's Mamba blocks were 1e-4 off, the state of a random
+        tiny model being small)."""
+        k = next(x for name, x in inputs.items() if name in ("ids", "embeds")).shape[1]
+        if not cached or k == 1 or not self.lm.scans_from_zero:
+            return self._run(cache=cache, **inputs)
+        mask = inputs.pop("attention_mask", None)
+        steps = []
+        for j in range(k):
+            step = {name: x[:, j:j + 1] for name, x in inputs.items()}
+            if mask is not None:
+                step["attention_mask"] = mask[:, :mask.shape[1] - k + j + 1]
+            steps.append(self._run(cache=cache, **step))
+        return torch.cat(steps, 1)
+
     def from_pass(self, states: dict[int, Tensor], cache) -> Tensor:
         """This tap's observation [B, T, dim] read off one shared forward pass (`run_taps`): the states
         states[layer] [B, T, d] at every layer the pass's taps asked for, and the pass's KV cache."""
@@ -275,19 +336,38 @@ class LayerTap:
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.lm.device).reshape(-1)
         if len(ids) == 0 or self.layer == 0:
             states = self.states(ids) if return_states and len(ids) else ids.new_zeros(0, self.dim, dtype=self.lm.dtype)
-            prefix = Prefix(ids, None)
+            prefix = Prefix(ids, None, regrow=self.regrow)
         else:
             cache = self.lm.new_cache(self.blocks_read)
             states = self._run(ids=ids[None], cache=cache)[0]
-            prefix = Prefix(ids, cache)
+            prefix = Prefix(ids, cache, regrow=self.regrow)
         return (prefix, states) if return_states else prefix
+
+    @cached_property
+    def regrow(self) -> Callable[[Tensor], object] | None:
+        """A recurrent model's (LM.recurrent) cache of ids [t] made anew, what Prefix.crop needs; None elsewhere."""
+        return (lambda ids: self.prefill(ids).cache) if self.lm.recurrent else None
+
+    def _grown(self, prefix: Prefix, ids: Tensor) -> Prefix:
+        """A recurrent model's prefix followed by ids [n]: its cache made on first use by a pass of the n tokens on a
+        copy of the prefix's (a pass's cache holds each row's state after its last token only, and cannot be cut
+        back to an earlier one)."""
+        if len(ids) == 0:
+            return prefix
+
+        def make():
+            cache = _expand(prefix.cache, 1) if prefix.cache is not None else self.lm.new_cache(self.blocks_read)
+            positions = torch.arange(prefix.length, prefix.length + len(ids), device=self.lm.device)[None]
+            self._run_on(cache, prefix.cache is not None, ids=ids[None], position_ids=positions)
+            return cache
+        return Prefix(torch.cat([prefix.ids, ids]), make=make, regrow=self.regrow)
 
     def _extend(self, prefix: Prefix, k: int, batch: int, keep: bool = False, **inputs):
         positions = torch.arange(prefix.length, prefix.length + k, device=self.lm.device).expand(batch, k)
         cache = _expand(prefix.cache, batch) if prefix.cache is not None else None
         if cache is None and keep and self.layer > 0:
             cache = self.lm.new_cache(self.blocks_read)
-        states = self._run(cache=cache, position_ids=positions, **inputs)
+        states = self._run_on(cache, prefix.cache is not None, position_ids=positions, **inputs)
         return (states, cache) if keep else states
 
     @torch.no_grad()
@@ -298,7 +378,8 @@ class LayerTap:
         row b, made from this call's cache (no recomputation; ids must be [B, k]).
         layout: "padded" (a batch of B rows, each with its own copy of the prefix's cache), "flat"
         (_extend_flat: one row holding the prefix once and every candidate's tokens; padded where the
-        rows need their keys in place: _in_place), or None: whichever `pack`
+        rows need their keys in place, _in_place, or where a recurrent state would run through every row's tokens:
+        LM.recurrent), or None: whichever `pack`
         estimates cheaper (SmolLM2 layer 15, 256 candidates after 200 / 600 tokens: padded 522 / 1,248 ms,
         flat 177 / 222 ms; docs/results/invert/flat_passes.py).
         """
@@ -307,7 +388,7 @@ class LayerTap:
             return self.extend(prefix, ids[:, None], layout=layout)[:, 0]
         if layout not in (None, "flat", "padded"):
             raise ValueError(f"layout must be 'flat', 'padded' or None, got {layout!r}")
-        if self._in_place(prefix.length, ids.shape[1]):
+        if self._in_place(prefix.length, ids.shape[1]) or self.lm.recurrent:
             layout = "padded"
         elif layout is None:
             layout = "flat" if pack([(prefix.length, *ids.shape)], FLAT_KEYS, *self._costs)[0][1] else "padded"
@@ -319,6 +400,8 @@ class LayerTap:
         states, cache = self._extend(prefix, ids.shape[1], ids.shape[0], keep=True, ids=ids)
 
         def grown(b: int, n: int) -> Prefix:
+            if self.lm.recurrent:
+                return self._grown(prefix, ids[b, :n])
             new_ids = torch.cat([prefix.ids, ids[b, :n]])
             if cache is None or len(new_ids) == 0:
                 return Prefix(new_ids, None)
@@ -336,7 +419,7 @@ class LayerTap:
         caches to the longest prefix, the padding masked out) or flat (_extend_flat: every row's tokens
         in one sequence), whichever its estimated cost favours. Requests whose positions reach a
         sliding window (Gemma-3, Mistral), and every request of an ALiBi model (BLOOM, MPT), never go flat and
-        share padded passes only with those of their prefix length (_in_place).
+        share padded passes only with those of their prefix length (_in_place); a recurrent model's never go flat.
         layout: "padded" or "flat" makes every pass that one where it may be (eps.measure_noise measures both).
         -> per request (states [B_i, k_i, dim], grown(b, n) -> Prefix)."""
         groups: dict = {}
@@ -346,10 +429,11 @@ class LayerTap:
         for length, members in groups.items():
             members = sorted(members, key=lambda i: -requests[i][1].shape[1])
             shapes = [(requests[i][0].length, *requests[i][1].shape) for i in members]
-            for part, flat in pack(shapes, max_tokens, *self._costs, flat=length is None):
+            flat_ok = length is None and not self.lm.recurrent
+            for part, flat in pack(shapes, max_tokens, *self._costs, flat=flat_ok):
                 part = [members[j] for j in part]
                 if layout is not None:
-                    flat = layout == "flat" and length is None
+                    flat = layout == "flat" and flat_ok
                 if len(part) == 1:
                     out[part[0]] = self.extend(*requests[part[0]], keep=True, layout="flat" if flat else "padded")
                 else:
@@ -433,10 +517,12 @@ class LayerTap:
                     r += n
             else:
                 cache = self.lm.new_cache(self.blocks_read)
-        states = self._run(ids=ids, cache=cache, position_ids=positions, attention_mask=mask)
+        states = self._run_on(cache, cache is not None and P > 0, ids=ids, position_ids=positions, attention_mask=mask)
         results, r = [], 0
         for (prefix, rows), t, n in zip(requests, lengths, sizes):
             def grown(b: int, m: int, prefix=prefix, rows=rows, t=t, r=r) -> Prefix:
+                if self.lm.recurrent:
+                    return self._grown(prefix, rows[b, :m].to(dev))
                 new_ids = torch.cat([prefix.ids, rows[b, :m].to(dev)])
                 if cache is None or len(new_ids) == 0:
                     return Prefix(new_ids, None)
