@@ -354,13 +354,8 @@ class LayerTap:
         back to an earlier one)."""
         if len(ids) == 0:
             return prefix
-
-        def make():
-            cache = _expand(prefix.cache, 1) if prefix.cache is not None else self.lm.new_cache(self.blocks_read)
-            positions = torch.arange(prefix.length, prefix.length + len(ids), device=self.lm.device)[None]
-            self._run_on(cache, prefix.cache is not None, ids=ids[None], position_ids=positions)
-            return cache
-        return Prefix(torch.cat([prefix.ids, ids]), make=make, regrow=self.regrow)
+        return Prefix(torch.cat([prefix.ids, ids]), make=lambda: self._extend(prefix, len(ids), 1, keep=True,
+                                                                             ids=ids[None])[1], regrow=self.regrow)
 
     def _extend(self, prefix: Prefix, k: int, batch: int, keep: bool = False, **inputs):
         positions = torch.arange(prefix.length, prefix.length + k, device=self.lm.device).expand(batch, k)
