@@ -38,6 +38,8 @@ def tiny_gemma3():
     return LM("tiny-gemma3", Gemma3ForCausalLM(config).eval(), None)
 
 
+NEMOTRON_H = dict(mamba_num_heads=4, mamba_head_dim=16, n_groups=1, chunk_size=16, n_routed_experts=4,  # (made small)
+                       num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1, pad_token_id=0)
 LAYOUTS = {  # Hugging Face decoders laid out unlike Llama: their blocks below the base model (OPT; Llama-4's text
     #          model, whose base-model prefix names no attribute), attention biased by a key's index (ALiBi: BLOOM,
     #          MPT), an attention module named self_attention (BLOOM, Falcon), blocks wider than the embedding and
@@ -74,6 +76,13 @@ LAYOUTS = {  # Hugging Face decoders laid out unlike Llama: their blocks below t
     "jamba": dict(num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, pad_token_id=0),
     "falcon_h1": dict(num_key_value_heads=2, head_dim=8, pad_token_id=0, mamba_chunk_size=16),  # (its reference
     #              scan pads every pass to a chunk: 256 tokens by default)
+    # Mamba-2 hybrids: Nemotron-H's blocks of one kind each (Mamba, attention, MoE: a `mixer`), its MoE block before
+    # the attention; GraniteMoE-Hybrid's attention last (taps below it)
+    "nemotron_h": dict(num_key_value_heads=2, head_dim=8, hybrid_override_pattern="M*E", **NEMOTRON_H),
+    "nemotron_h-moe-first": dict(model_type="nemotron_h", num_key_value_heads=2, head_dim=8,
+                                 hybrid_override_pattern="ME*", **NEMOTRON_H),
+    "granitemoehybrid": dict(num_key_value_heads=2, mamba_n_heads=4, mamba_d_head=16, mamba_chunk_size=16,
+                             layer_types=["mamba", "mamba", "attention"], pad_token_id=0),
 }
 
 

@@ -55,12 +55,12 @@ def test_exact_recovery(lm, policy, layer, final_norm):
 
 
 @pytest.mark.parametrize("model_type", ["opt", "opt-350m", "llama4_text", "bloom", "mpt", "falcon", "gemma3n_text",
-                                        "gemma4_text", "deepseek_v3", "lfm2", "jamba"])
+                                        "gemma4_text", "deepseek_v3", "lfm2", "jamba", "nemotron_h"])
 def test_exact_recovery_on_decoders_laid_out_unlike_llama(small_decoder, model_type):
-    """OPT (125m's and 350m's layouts), Llama-4's text model, BLOOM, MPT, Falcon, and with recurrent blocks LFM2 and
-    Jamba (conftest.LAYOUTS; their prefixes grown in passes of their own, Jamba's a token at a time): prompts
-    inverted in lock-step come back exact and "ok", under an ε measured on the passes the loop uses (MPT's had
-    measured keys moved by flat passes: every token within it, all "ambiguous")."""
+    """OPT (125m's and 350m's layouts), Llama-4's text model, BLOOM, MPT, Falcon, and with recurrent blocks LFM2,
+    Jamba and Nemotron-H (conftest.LAYOUTS; their prefixes grown in passes of their own, Jamba's a token at a time):
+    prompts inverted in lock-step come back exact and "ok", under an ε measured on the passes the loop uses (MPT's
+    had measured keys moved by flat passes: every token within it, all "ambiguous")."""
     lm = small_decoder(model_type)
     ids = torch.randint(0, lm.vocab_size, (3, 10), generator=torch.Generator().manual_seed(1))
     for tap in (LayerTap(lm, 3), KVTap(lm, 2, "both")):  # (BLOOM's and Falcon's attention: self_attention)

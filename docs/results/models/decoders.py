@@ -83,10 +83,20 @@ RECURRENT = {
     "qwen3_next": dict(HEADS, **IDS, layer_types=["linear_attention", "full_attention", "linear_attention"]),
     "qwen3_5_text": dict(HEADS, **IDS, layer_types=["linear_attention", "full_attention", "linear_attention"]),
     "olmo_hybrid": dict(HEADS, **IDS), "minimax": dict(HEADS, **IDS), "recurrent_gemma": dict(HEADS, **IDS),
-    "nemotron_h": dict(HEADS, **IDS, chunk_size=16),
-    "bamba": dict(HEADS, **IDS, mamba_n_heads=4, mamba_d_head=16, mamba_chunk_size=16),
-    "granitemoehybrid": dict(HEADS, **IDS, mamba_n_heads=4, mamba_d_head=16, mamba_chunk_size=16),
-    "mamba": dict(IDS), "falcon_mamba": dict(IDS), "mamba2": dict(IDS, num_heads=4, head_dim=16, chunk_size=16),
+    # Mamba-2 blocks: heads made few (their default widths, e.g. Nemotron-H's 128 heads of 64, make a 32-wide model's
+    # reference scan take minutes) and in one group (Mamba-2's default 8 groups of 4 heads fail inside transformers);
+    # Nemotron-H's default layout (Mamba, MoE, attention, MLP: 4 blocks whatever num_hidden_layers says), Bamba and
+    # GraniteMoE-Hybrid given an attention block (their defaults have none below the 4th)
+    "nemotron_h": dict(HEADS, **IDS, chunk_size=16, mamba_num_heads=4, mamba_head_dim=16, n_groups=1,
+                       n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1),
+    "bamba": dict(HEADS, **IDS, mamba_n_heads=4, mamba_d_head=16, mamba_chunk_size=16, attn_layer_indices=[1]),
+    "granitemoehybrid": dict(HEADS, **IDS, mamba_n_heads=4, mamba_d_head=16, mamba_chunk_size=16,
+                             layer_types=["mamba", "attention", "mamba"]),
+    "zamba2": dict(HEADS, **IDS, mamba_headdim=16, n_mamba_heads=4, chunk_size=16,
+                   layers_block_type=["mamba", "hybrid", "mamba"]),
+    "zamba": dict(HEADS, **IDS),
+    "mamba": dict(IDS), "falcon_mamba": dict(IDS),
+    "mamba2": dict(IDS, num_heads=4, head_dim=16, chunk_size=16, n_groups=1),
 }
 
 

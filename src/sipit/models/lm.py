@@ -277,10 +277,12 @@ class LM:
         SmolLM2, a copy 0.03 ms, and every speculation pass paid it). The template's layers hold no cached
         tensors yet, and a layer's update rebinds its keys and values, so shallow copies are independent caches.
         A block with a recurrent state keeps transformers' layer for it (`recurrent`), which fills its state dicts
-        in place: each cache gets its own copy (of no tensors)."""
+        in place: each cache gets its own copy (of no tensors). A block that keeps nothing (Nemotron-H's MoE and MLP
+        blocks, a KV-sharing block) keeps transformers' placeholder: the masks take the cached length from the first
+        layer that can hold keys, which a plain layer in its place would hold none of."""
         if self._empty_cache is None:
             from transformers import DynamicCache
-            from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+            from transformers.cache_utils import DummyLayer, DynamicLayer, LinearAttentionCacheLayerMixin
 
             text = self.model.config.get_text_config()
             if self.recurrent and text.model_type not in RECURRENT_CHECKED:
@@ -290,11 +292,24 @@ class LM:
                                  "(its states can still be captured)")
             self._empty_cache = DynamicCache(config=self.model.config)
             self._empty_cache.layers = [_whole(layer) if isinstance(layer, LinearAttentionCacheLayerMixin) else
-                                        DynamicLayer() for layer in self._empty_cache.layers]
+                                        layer if isinstance(layer, DummyLayer) else DynamicLayer()
+                                        for layer in self._empty_cache.layers]
         cache = copy.copy(self._empty_cache)
         cache.layers = [copy.deepcopy(layer) if hasattr(layer, "recurrent_states") else copy.copy(layer)
-                        for layer in self._empty_cache.layers[:blocks]]
+                        for layer in self._empty_cache.layers[:self._cache_depth(blocks)]]
         return cache
+
+    def _cache_depth(self, blocks: int | None) -> int | None:
+        """Layers a cache of the first `blocks` keeps: those, and up to the first that can hold keys where they have
+        none (transformers asks that layer the cached length to build the attention masks, even where no block that
+        attends runs: Nemotron-H's and GraniteMoE-Hybrid's Mamba blocks below their first attention; the layer stays
+        empty, and so do the masks no block reads). A model without such a layer (Mamba-2) never asks."""
+        from transformers.cache_utils import CacheLayerMixin
+
+        layers = self._empty_cache.layers
+        if blocks is None or any(isinstance(layer, CacheLayerMixin) for layer in layers[:blocks]):
+            return blocks
+        return next((i + 1 for i, layer in enumerate(layers) if isinstance(layer, CacheLayerMixin)), blocks)
 
     @property
     def scans_from_zero(self) -> bool:
@@ -455,9 +470,10 @@ RECURRENT_LAYERS = {"linear_attention", "hybrid", "hybrid_sliding", "conv"}  # t
 #                    a state other than keys and values (gated delta nets, Mamba, short convolutions: Qwen3-Next,
 #                    Falcon-H1, Jamba, LFM2)
 RECURRENT_CHECKED = {"lfm2", "lfm3", "qwen3_next", "qwen3_5_text", "jamba", "olmo_hybrid", "falcon_h1", "mamba",
-                     "falcon_mamba"}  # model types with recurrent blocks whose passes on a cache equal the full forward
-#                    (docs/results/models/decoders.py); others' do not (RecurrentGemma, Nemotron-H: ε 13-14) or fail
-#                    inside transformers (MiniMax's own cache, Bamba's and GraniteMoE-Hybrid's, Mamba-2)
+                     "falcon_mamba", "mamba2", "nemotron_h", "bamba", "granitemoehybrid", "zamba2"}  # model types with
+#                    recurrent blocks whose passes on a cache equal the full forward (docs/results/models/decoders.py);
+#                    RecurrentGemma's do not (ε 14: its blocks keep their state outside the cache), MiniMax has a cache
+#                    of its own
 SCANS_FROM_ZERO = {"jamba", "zamba", "mamba", "falcon_mamba"}  # model types whose multi-token scans ignore the cache
 _CONFIG_NOT_COMPUTED = ("transformers_version", "architectures", "dtype", "torch_dtype", "num_hidden_layers",
                         "use_cache", "output_hidden_states", "output_attentions", "return_dict", "id2label",
@@ -566,11 +582,16 @@ def cache_keyword(module: nn.Module) -> str:
 def attention_module(lm: LM, block: int) -> torch.nn.Module:
     """The attention module of block `block` (0-based)."""
     b = lm.blocks[block]
-    for name in ("self_attn", "attn", "attention", "self_attention"):  # (BLOOM, Falcon: self_attention)
-        if hasattr(b, name):
-            return getattr(b, name)
-    raise ModelError(f"{lm.name}: block {block} (0-based) has no attention module (a recurrent block, as Mamba's or a "
-                     "gated delta net's?), so no keys and values of its own: choose a block that attends")
+    # (BLOOM, Falcon: self_attention; Nemotron-H: a `mixer` of the block's kind; GraniteMoE-Hybrid: self_attn is None
+    # in a Mamba block)
+    for name in ("self_attn", "attn", "attention", "self_attention", "mixer"):
+        module = getattr(b, name, None)
+        if module is not None and (name != "mixer" or type(module).__name__.endswith("Attention")):
+            return module
+    raise ModelError(f"{lm.name}: block {block} (0-based) has no attention module of its own (a recurrent block, as "
+                     "Mamba's or a gated delta net's, a block of an MLP or MoE only, as some of Nemotron-H's, or one "
+                     "that runs a shared block, as Zamba2's?), so no keys and values of its own: choose a block that "
+                     "attends")
 
 
 def reads_earlier_kv(lm: LM, block: int) -> bool:

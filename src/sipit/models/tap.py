@@ -121,10 +121,16 @@ class Prefix:
         cache.layers = []
         for layer in self.cache.layers:
             layer = copy.copy(layer)
-            if getattr(layer, "is_initialized", False):
+            if _holds_keys(layer):
                 layer.keys, layer.values = layer.keys[:, :, :t], layer.values[:, :, :t]
             cache.layers.append(layer)
         return Prefix(self.ids[:t], cache)
+
+
+def _holds_keys(layer) -> bool:
+    """Whether a cache layer holds keys and values (a block that attends, once a pass filled it; a MoE or MLP block's
+    placeholder layer, Nemotron-H's, holds none)."""
+    return getattr(layer, "is_initialized", False) and layer.keys is not None
 
 
 def _recurrent(layer) -> bool:
@@ -157,7 +163,7 @@ def _expand(cache, batch: int):
     new.layers = []
     for layer in cache.layers:
         layer = _with_states(layer, lambda name, i, x: x.repeat(batch, *[1] * (x.dim() - 1)))
-        if getattr(layer, "is_initialized", False):
+        if _holds_keys(layer):
             layer.keys = layer.keys.expand(batch, -1, -1, -1)
             layer.values = layer.values.expand(batch, -1, -1, -1)
         new.layers.append(layer)
@@ -171,7 +177,7 @@ def _select(cache, b: int, spans: list[tuple[int, int]]):
     new.layers = []
     for layer in cache.layers:
         layer = copy.copy(layer)
-        if getattr(layer, "is_initialized", False):
+        if _holds_keys(layer):
             for name in ("keys", "values"):
                 x = getattr(layer, name)
                 setattr(layer, name, torch.cat([x[b:b + 1, :, s:s + n] for s, n in spans if n], 2))  # a copy
@@ -190,7 +196,7 @@ def _padded(caches: list, rows: list[int], length: int):
         layer = _with_states(layer, lambda name, i, x, j=j: torch.cat([
             x.new_zeros(n, *x.shape[1:]) if c is None else getattr(c.layers[j], name)[i].expand(n, *x.shape[1:])
             for c, n in zip(caches, rows)]))
-        if getattr(layer, "is_initialized", False):
+        if _holds_keys(layer):
             for name in ("keys", "values"):
                 x = getattr(layer, name)  # [1, H, t, hd]
                 out = x.new_zeros(sum(rows), x.shape[1], length, x.shape[3])
@@ -211,7 +217,7 @@ def _joined(caches: list):
     new.layers = []
     for j, layer in enumerate(caches[0].layers):
         layer = copy.copy(layer)
-        if getattr(layer, "is_initialized", False):
+        if _holds_keys(layer):
             for name in ("keys", "values"):
                 setattr(layer, name, torch.cat([getattr(c.layers[j], name) for c in caches], 2))
         new.layers.append(layer)
