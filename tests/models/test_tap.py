@@ -217,20 +217,27 @@ def test_a_recurrent_prefix_is_grown_in_its_own_pass_not_cut_back(small_decoder)
 
 def test_several_residual_streams_are_read_side_by_side(small_decoder):
     """Gemma-3n's blocks hand on 2 streams here (AltUp, [A, B, T, d]): a layer's state is them side by side,
-    [B, T, A·d], the model's own hidden_states at every layer (it was [A, B, T, d], which no inversion took). What it
-    does not have is a clear error: a final norm applied to the streams (the model mixes them first), a KV surface of
-    the block that reads an earlier one's keys and values."""
+    [B, T, A·d], the model's own hidden_states at every layer (it was [A, B, T, d], which no inversion took). The
+    final norm is applied after the model's mixing of the streams into one (it was refused): the state the LM head
+    reads, and logits invert through it. What it does not have is a clear error: a KV surface of the block that reads
+    an earlier one's keys and values."""
     from sipit.models import ModelError
+    from sipit.models.surfaces import logits_error, logits_tap, normed_states_from_logits
 
     lm = small_decoder("gemma3n_text")
     ids = torch.randint(0, lm.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        hidden = lm.model(ids, output_hidden_states=True).hidden_states  # [A, B, T, d] each
+        out = lm.model(ids, output_hidden_states=True)
+        normed = lm.base(ids).last_hidden_state  # [B, T, d]
+    hidden = out.hidden_states  # [A, B, T, d] each
     assert lm.streams == 2 and lm.d_model == 64
     for layer in range(lm.depth + 1):
         assert torch.equal(LayerTap(lm, layer).states(ids), hidden[layer].permute(1, 2, 0, 3).flatten(2))
-    with pytest.raises(ModelError, match="final norm"):
-        LayerTap(lm, 3, final_norm=True)
+    assert torch.allclose(LayerTap(lm, 3, final_norm=True).states(ids), normed, rtol=1e-5, atol=1e-6)
+    x = torch.stack([normed_states_from_logits(lm, z) for z in out.logits])  # (soft-capped: Gemma-3n's 30)
+    config = InvertConfig(calibration_tokens=8192, observation_error=logits_error(lm, 2.0 ** -24))
+    r = invert(lm, x, 3, config, progress=False, true_ids=ids.tolist(), tap=logits_tap(lm))
+    assert [p.ids for p in r.prompts] == ids.tolist() and {p.status for p in r.prompts} == {"ok"}
     with pytest.raises(ModelError, match="block 2 .* keeps no KV cache of its own"):
         KVTap(lm, 3)
 

@@ -545,7 +545,10 @@ def _find_blocks(base: nn.Module, config) -> nn.ModuleList:
 def _find_final_norm(base: nn.Module, blocks: nn.ModuleList) -> nn.Module:
     """What the base model applies to the last block's output, so that the LM head can read it: its final norm,
     then, where the blocks are wider than the embedding, the projection back (OPT-350m: no final norm, its
-    blocks end normed, and project_out, 1024 -> 512)."""
+    blocks end normed, and project_out, 1024 -> 512); where the blocks carry several streams, their mixing first
+    (Gemma-3n: _StreamsMixed)."""
+    if isinstance(getattr(base, "altup_unembed_projections", None), nn.ModuleList):
+        return _StreamsMixed(base.altup_unembed_projections, base.norm)
     project_out = getattr(base, "project_out", None)
     for name in ("norm", "ln_f", "final_layer_norm", "final_layernorm", "final_norm"):
         if isinstance(getattr(base, name, None), nn.Module):
@@ -557,6 +560,25 @@ def _find_final_norm(base: nn.Module, blocks: nn.ModuleList) -> nn.Module:
             raise ModelError(f"{type(base).__name__}: no final norm module found")
         norm = norms[-1] if norms else nn.Identity()
     return nn.Sequential(norm, project_out) if isinstance(project_out, nn.Linear) else norm
+
+
+class _StreamsMixed(nn.Module):
+    """Gemma-3n's end of the block stack (Gemma3nTextModel.forward, in its order of operations): the A streams of the
+    last block's output, side by side as LayerTap reads them ([..., A·d]), made one (stream 0 and each other stream's
+    unembedding projection scaled to stream 0's root mean square, averaged), then the final norm: -> [..., d]."""
+
+    def __init__(self, unembed: nn.ModuleList, norm: nn.Module):
+        super().__init__()
+        self.unembed, self.norm = unembed, norm
+
+    def forward(self, h: Tensor) -> Tensor:
+        streams = h.unflatten(-1, (len(self.unembed) + 1, -1)).movedim(-2, 0)  # [A, ..., d]
+        target = torch.mean(streams[0] ** 2, dim=-1, keepdim=True) ** 0.5
+        mixed = [streams[0]]
+        for project, stream in zip(self.unembed, streams[1:]):
+            x = project(stream)
+            mixed.append(x * target / torch.sqrt(torch.mean(x ** 2, dim=-1, keepdim=True).clamp(min=1e-5)))
+        return self.norm(torch.mean(torch.stack(mixed), dim=0))
 
 
 def _project_in(base: nn.Module) -> nn.Linear | None:

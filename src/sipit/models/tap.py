@@ -234,9 +234,6 @@ class LayerTap:
     """
 
     def __init__(self, lm: LM, layer: int, final_norm: bool = False):
-        if final_norm and lm.streams > 1:
-            raise ModelError(f"{lm.name}: its {lm.streams} residual streams are mixed before the final norm (AltUp): "
-                             "states with the final norm applied are not supported, the streams of any layer are")
         self.lm = lm
         self.layer = lm.layer_index(layer)
         self.final_norm = final_norm
