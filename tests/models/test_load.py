@@ -248,6 +248,24 @@ def test_a_directory_without_a_tokenizer_takes_ids(small_decoder, tmp_path):
         assert [p["status"] for p in prompts] == ["ok", "ok"]
 
 
+def test_a_hybrid_directory_loads_only_the_blocks_asked_for(small_decoder, tmp_path):
+    """Nemotron-H reads its depth off its list of block kinds (num_hidden_layers is ignored), Mamba-2 its list of
+    layer types off its depth (a property without a setter): max_layer loaded every Nemotron-H block and failed on
+    Mamba-2. Both load blocks 1..max_layer, whose states are the whole model's."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    mamba2 = AutoConfig.for_model("mamba2", vocab_size=96, hidden_size=32, num_hidden_layers=3, num_heads=4,
+                                  head_dim=16, n_groups=1, chunk_size=16)
+    torch.manual_seed(0)
+    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(0))
+    models = {"nemotron_h": small_decoder("nemotron_h").model, "mamba2": AutoModelForCausalLM.from_config(mamba2)}
+    for name, model in models.items():
+        model.save_pretrained(tmp_path / name)
+        full, cut = load_model(str(tmp_path / name)), load_model(str(tmp_path / name), max_layer=2)
+        assert (full.n_layers, cut.n_layers, cut.depth) == (3, 2, 3)
+        assert torch.equal(LayerTap(full, 2).states(ids), LayerTap(cut, 2).states(ids))
+
+
 def test_max_layer_out_of_range(hf_dir):
     with pytest.raises(ModelError, match="max_layer 9 out of range"):
         load_model(hf_dir[1], max_layer=9)

@@ -102,15 +102,19 @@ def arch_config(arch: str, max_layer: int | None = None):
 
 
 def truncate_config(config, max_layer: int):
-    """Keep blocks 1..max_layer only (per-layer lists such as attention types cut to match)."""
+    """Keep blocks 1..max_layer only (per-layer lists such as attention types cut to match). Where the depth is the
+    list's length (Nemotron-H: num_hidden_layers is read off layers_block_type, and setting it does nothing), cutting
+    the list is what cuts the model; where the list is read off the depth (Mamba-2's layer_types), it is not set."""
     text = config.get_text_config()
     depth = text.num_hidden_layers
     if not 0 <= max_layer <= depth:
         raise ModelError(f"max_layer {max_layer} out of range: the model has layers 0..{depth}")
-    text.num_hidden_layers = max(1, max_layer)  # layer 0 (embeddings) still needs one block object
+    blocks = max(1, max_layer)  # layer 0 (embeddings) still needs one block object
+    text.num_hidden_layers = blocks
     for name in ("layer_types", "attention_layers"):
-        if isinstance(getattr(text, name, None), list):
-            setattr(text, name, getattr(text, name)[: text.num_hidden_layers])
+        derived = isinstance(getattr(type(text), name, None), property) and getattr(type(text), name).fset is None
+        if isinstance(getattr(text, name, None), list) and not derived:
+            setattr(text, name, getattr(text, name)[:blocks])
     return config
 
 
