@@ -40,7 +40,8 @@ def cmd_robustness(args):
     from .models import load_model
 
     lm = load_model(args.model, precision=args.precision, device=args.device)
-    ids = [p.ids for p in sample(args.corpus, lm.tokenizer, args.length, seed=args.seed)]
+    ids = [p.ids for p in sample(args.corpus, lm.tokenizer, args.length, seed=args.seed,
+                                  vocab_size=lm.vocab_size)]
     cfg = RobustConfig(sigmas=tuple(float(x) for x in args.sigmas.split(",")), trials=args.trials,
                        candidates=args.candidates, batch_size=args.batch_size, seed=args.seed)
     res = run(lm, ids, args.layer, cfg, final_norm=args.final_norm, progress=not args.quiet)

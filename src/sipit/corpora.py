@@ -270,6 +270,8 @@ def _text_spans(name, docs, tokenizer, length, n, rng, seen) -> list[tuple[int, 
 def _random_spans(tokenizer, length, n, rng, seen, vocab_size: int | None = None) -> list[tuple[int, ...]]:
     """Uniform random ids, no special or added tokens (a model without tokenizer: every id < vocab_size)."""
     if tokenizer is None:
+        if vocab_size is None:
+            raise CorpusError("random ids for a model without a tokenizer need its vocabulary size (vocab_size)")
         vocab = list(range(vocab_size))
     else:
         special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))

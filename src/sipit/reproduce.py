@@ -93,9 +93,11 @@ def _prompts(lm, natural: str, n_random: int, length: int, seed: int) -> list[tu
 
     out = []
     for part in filter(None, natural.split(",")):
-        out += [(part.split(":")[0], p.ids) for p in sample(part, lm.tokenizer, length, seed=seed)]
+        out += [(part.split(":")[0], p.ids) for p in sample(part, lm.tokenizer, length, seed=seed,
+                                                                  vocab_size=lm.vocab_size)]
     if n_random:
-        out += [("random", p.ids) for p in sample(f"random:{n_random}", lm.tokenizer, length, seed=seed)]
+        out += [("random", p.ids) for p in sample(f"random:{n_random}", lm.tokenizer, length, seed=seed,
+                                                         vocab_size=lm.vocab_size)]
     return out
 
 

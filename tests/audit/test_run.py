@@ -115,6 +115,21 @@ def test_bad_options_one_clear_error(tmp_path, capsys, args, message):
     assert not (tmp_path / "a").exists()  # nothing written
 
 
+def test_a_model_without_a_tokenizer_is_one_clear_error(small_decoder, tmp_path, capsys):
+    """An audit samples prose for its geometry and measures utility on text: a model of ids only (a directory saved
+    without its tokenizer, random:<arch>) is refused at once, nothing written (random:N prompts crashed on a
+    vocabulary size never passed). Random ids still reach such a model through sipit robustness."""
+    model = tmp_path / "opt"
+    small_decoder("opt").model.save_pretrained(model)
+    capsys.readouterr()  # (the save's progress bar)
+    code = main(["audit", "--model", str(model), "--prompts", "random:2", "-o", str(tmp_path / "a"), "-q"])
+    err = capsys.readouterr().err
+    assert code == 2 and "has no tokenizer (ids only)" in err and err.count("\n") == 1
+    assert not (tmp_path / "a").exists()
+    assert main(["robustness", "--model", str(model), "--layer", "2", "--corpus", "random:2", "--length", "5",
+                 "--sigmas", "0.01", "--trials", "1", "-q", "-o", str(tmp_path / "r")]) == 0
+
+
 def test_projection_defence_goes_through_the_engine_on_any_vocabulary():
     lm = load_model("tiny-llama")
     cfg = AuditConfig(**CFG)

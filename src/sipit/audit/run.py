@@ -85,7 +85,7 @@ def load_prompts(lm: LM, cfg: AuditConfig) -> list[list[int]]:
         if not prompts:
             raise SipitError(f"{path} has no non-empty lines")
         return prompts
-    return [p.ids for p in sample(cfg.prompts, lm.tokenizer, cfg.length, seed=cfg.seed)]
+    return [p.ids for p in sample(cfg.prompts, lm.tokenizer, cfg.length, seed=cfg.seed, vocab_size=lm.vocab_size)]
 
 
 def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True, engine=None) -> dict:
@@ -97,6 +97,10 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True, en
     from .html import write_page
 
     out = Path(out_dir)
+    if lm.tokenizer is None:  # (the geometry's prompts are half prose, the utility's text is text)
+        raise SipitError(f"{lm.name} has no tokenizer (ids only): an audit samples prose prompts and measures a "
+                         "defence's cost on text; audit the model with its tokenizer, or attack ids with sipit capture "
+                         "--ids and sipit invert / sipit robustness --corpus random:N")
     layers, spec, defenses = resolve(lm, cfg)
     prompts = load_prompts(lm, cfg)
     surfaces = {layer: make_surface(lm, spec, layer, prompts, cfg.seed) for layer in layers}  # errors before writing
