@@ -181,11 +181,13 @@ def _assert_passes_equal_the_full_forward(tap):
         assert torch.allclose(h[0], full[2, 7:9], rtol=1e-5, atol=1e-5 * float(full[2].abs().max()))
 
 
-def test_a_recurrent_prefix_is_grown_in_its_own_pass_not_cut_back(small_decoder):
+def test_a_recurrent_prefix_is_grown_in_its_own_pass_not_cut_back(small_decoder, monkeypatch):
     """Qwen3-Next's gated delta nets keep a state that holds no earlier position (conftest.LAYOUTS: linear, full,
     linear attention; inverting it was refused): a shorter prefix's cache is made anew, a pass's grown prefix by a pass
     of its tokens on the prefix's own, a pass never updates a prefix's state in place, and a Prefix that cannot regrow
-    refuses to be cut back rather than keep a state of its whole length. Block 0 keeps no keys and values: its KV
+    refuses to be cut back rather than keep a state of its whole length; a crop grows from the crop asked for before
+    it where that is shorter and made (certificates crop at t = 1, 2, ...: they made every crop anew, T²/2 tokens).
+    Block 0 keeps no keys and values: its KV
     surface is a clear error. Certificates (which read every position on a crop of the prompt) come out exact, on
     Nemotron-H's Mamba-2 blocks (Qwen3-Next's inversion took 71-112 s on an empty cache, in transformers' reference
     kernels: docs/results/models/decoders.py inverts it; Nemotron-H's 2 s)."""
@@ -200,6 +202,13 @@ def test_a_recurrent_prefix_is_grown_in_its_own_pass_not_cut_back(small_decoder)
     assert lm.recurrent and not small_decoder("opt").recurrent
     prefix = tap.prefill(ids[:8])
     assert torch.allclose(tap.extend(prefix.crop(3), ids[3:5][None])[0], full[3:5], **close)
+    made = []  # crops asked for in order are each grown from the one before (as certificates ask): one prefill
+    monkeypatch.setattr(LayerTap, "prefill", lambda self, ids, *a, _prefill=LayerTap.prefill: made.append(len(ids))
+                        or _prefill(self, ids, *a))
+    for t in (2, 4, 4, 7):
+        assert torch.allclose(tap.extend(prefix.crop(t), ids[t:t + 1][None])[0], full[t:t + 1], **close)
+    assert made == [2]
+    monkeypatch.undo()
     assert torch.allclose(tap.extend(prefix, ids[8:10][None])[0], full[8:10], **close)  # (untouched by the passes)
     assert torch.allclose(tap.extend(prefix, ids[8:10][None])[0], full[8:10], **close)
     _, grown = tap.extend(tap.prefill(ids[:2]), ids[2:7][None], keep=True)

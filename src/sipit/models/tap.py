@@ -93,8 +93,10 @@ class Prefix:
     made: object = None  # transformers Cache with batch size 1, or None for an empty prefix / layer 0 ...
     make: Callable[[], object] | None = field(default=None, repr=False)  # ... or what copies it out of a pass's
     #     batched cache on first use (a pass's grown prefixes: most are never extended, e.g. a prompt's last)
-    regrow: Callable[[Tensor], object] | None = field(default=None, repr=False)  # a recurrent model's (LM.recurrent):
-    #     the cache of ids [t] made anew, as crop makes a shorter prefix's (its state cannot be cut back)
+    regrow: Callable[..., object] | None = field(default=None, repr=False)  # a recurrent model's (LM.recurrent): the
+    #     cache of ids [t] made anew, or grown from a shorter made Prefix of them, as crop makes a shorter prefix's
+    #     (its state cannot be cut back: LayerTap.regrow)
+    last_crop: "Prefix | None" = field(default=None, repr=False)  # (regrow: the crop asked for last)
 
     @property
     def cache(self):
@@ -112,9 +114,13 @@ class Prefix:
             return self
         if t == 0 or (self.make is None and self.made is None):  # (t = 0 leaves a lazy cache unmade)
             return Prefix(self.ids[:t], None, regrow=self.regrow)
-        if self.regrow is not None:
-            ids = self.ids[:t]
-            return Prefix(ids, make=lambda: self.regrow(ids), regrow=self.regrow)
+        if self.regrow is not None:  # (certificates crop at t = 0, 1, 2, ...: each grown from the one before by a
+            #                           pass of one token, the prompt once in all, where anew they cost T²/2 tokens)
+            ids, base = self.ids[:t], self.last_crop
+            grow = base is not None and 0 < base.length <= t
+            self.last_crop = Prefix(ids, make=lambda: self.regrow(ids, base if grow and base.make is None else None),
+                                    regrow=self.regrow)
+            return self.last_crop
         if any(_recurrent(layer) for layer in self.cache.layers):
             raise RuntimeError("a recurrent cache cannot be cut back: give its Prefix a regrow (LayerTap.regrow)")
         cache = copy.copy(self.cache)
@@ -347,9 +353,16 @@ class LayerTap:
         return (prefix, states) if return_states else prefix
 
     @cached_property
-    def regrow(self) -> Callable[[Tensor], object] | None:
-        """A recurrent model's (LM.recurrent) cache of ids [t] made anew, what Prefix.crop needs; None elsewhere."""
-        return (lambda ids: self.prefill(ids).cache) if self.lm.recurrent else None
+    def regrow(self) -> Callable[..., object] | None:
+        """What Prefix.crop needs of a recurrent model (LM.recurrent; None elsewhere): regrow(ids [t], base=None) ->
+        the cache of ids made anew, or grown from `base`, a Prefix of their first tokens whose cache is made, by a pass
+        of the rest on a copy of it (the base stays as it was)."""
+        def regrow(ids: Tensor, base: Prefix | None = None):
+            if base is None:
+                return self.prefill(ids).cache
+            return self._grown(base, ids[base.length:]).cache
+
+        return regrow if self.lm.recurrent else None
 
     def _grown(self, prefix: Prefix, ids: Tensor) -> Prefix:
         """A recurrent model's prefix followed by ids [n]: its cache made on first use by a pass of the n tokens on a
