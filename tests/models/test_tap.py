@@ -172,13 +172,16 @@ def _assert_passes_equal_the_full_forward(tap):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, tap.lm.vocab_size, (4, 12), generator=g)
     full = tap.states(ids)  # [4, 12, d]
-    spans = [(0, 0, 5), (1, 2, 3), (2, 7, 4), (3, 4, 1)]  # (prompt, prefix length, new tokens)
+    spans = [(0, 0, 5), (1, 2, 3), (2, 7, 4), (3, 4, 1), (1, 0, 1)]  # (prompt, prefix length, new tokens)
     requests = [(tap.prefill(ids[p, :t]), ids[p, t:t + k][None]) for p, t, k in spans]
     for layout in (None, "flat", "padded"):
         for (p, t, k), (h, _) in zip(spans, tap.extend_many(requests, layout=layout)):
             assert torch.allclose(h[0], full[p, t:t + k], rtol=1e-5, atol=1e-5 * float(full[p].abs().max()))
         h = tap.extend(requests[2][0], ids[2, 7:9][None], layout=layout)  # one request alone
         assert torch.allclose(h[0], full[2, 7:9], rtol=1e-5, atol=1e-5 * float(full[2].abs().max()))
+    close = dict(rtol=1e-5, atol=1e-5 * float(full[:, 0].abs().max()))  # one token from nothing: the position-0
+    assert torch.allclose(tap.states(ids[:, :1]), full[:, :1], **close)  # table, SipIt's first position
+    assert torch.allclose(tap.extend(tap.prefill(ids[0, :0]), ids[:, 0]), full[:, 0], **close)
 
 
 def test_a_recurrent_prefix_is_grown_in_its_own_pass_not_cut_back(small_decoder, monkeypatch):
@@ -208,6 +211,18 @@ def test_a_recurrent_prefix_is_grown_in_its_own_pass_not_cut_back(small_decoder,
     for t in (2, 4, 4, 7):
         assert torch.allclose(tap.extend(prefix.crop(t), ids[t:t + 1][None])[0], full[t:t + 1], **close)
     assert made == [2]
+    monkeypatch.undo()
+    # one token from nothing (the position-0 table, SipIt's first position) takes the recurrent step on zero states,
+    # not the chunked scan that pads it to a chunk of 64 on transformers' reference kernels (after the one prefill of
+    # a token that gives the states' shapes)
+    from transformers.models.qwen3_next import modeling_qwen3_next as qwen3_next
+
+    assert torch.allclose(tap.states(ids[None, :1])[0], full[:1], **close)
+    chunked, scan = [], qwen3_next.torch_chunk_gated_delta_rule
+    monkeypatch.setattr(qwen3_next, "torch_chunk_gated_delta_rule", lambda *a, **k: chunked.append(1) or scan(*a, **k))
+    assert torch.allclose(tap.states(ids[None, :1])[0], full[:1], **close)
+    assert torch.allclose(tap.extend(tap.prefill(ids[:0]), ids[:3])[0], full[0], **close)  # 3 candidates' rows
+    assert not chunked
     monkeypatch.undo()
     assert torch.allclose(tap.extend(prefix, ids[8:10][None])[0], full[8:10], **close)  # (untouched by the passes)
     assert torch.allclose(tap.extend(prefix, ids[8:10][None])[0], full[8:10], **close)

@@ -272,7 +272,7 @@ class LayerTap:
         nets ~1 MB a block), read off a one-token prefix; 0 for attention only."""
         if not self.lm.recurrent or self.blocks_read == 0:
             return 0
-        cache = self.prefill(torch.zeros(1, dtype=torch.long)).cache
+        cache = self._one_token_cache
         return sum(x.numel() * x.element_size() for layer in cache.layers if _recurrent(layer)
                    for states in (layer.conv_states, layer.recurrent_states) for x in states.values() if x is not None)
 
@@ -310,7 +310,9 @@ class LayerTap:
         a prefix if `cached`: then a token at a time where the model's multi-token scans would start from zeros
         instead of the cache's state (LM.scans_from_zero: Jamba's Mamba blocks were 1e-4 off, the state of a random
         tiny model being small)."""
-        k = next(x for name, x in inputs.items() if name in ("ids", "embeds")).shape[1]
+        rows, k = next(x for name, x in inputs.items() if name in ("ids", "embeds")).shape[:2]
+        if not cached and k == 1 and self.lm.recurrent and self.layer > 0:
+            return self._run(cache=self._zero_states(cache, rows), **inputs)
         if not cached or k == 1 or not self.lm.scans_from_zero:
             return self._run(cache=cache, **inputs)
         mask = inputs.pop("attention_mask", None)
@@ -321,6 +323,28 @@ class LayerTap:
                 step["attention_mask"] = mask[:, :mask.shape[1] - k + j + 1]
             steps.append(self._run(cache=cache, **step))
         return torch.cat(steps, 1)
+
+    def _zero_states(self, cache, rows: int):
+        """`cache` (new and empty; None: a cache of this pass only) with every recurrent layer holding the zero states
+        of `rows` rows, as after no token, so that a one-token pass takes the model's recurrent step: its chunked scan
+        pads the token to a chunk (64 tokens in a gated delta net, 256 in a Mamba-2 block by default) on
+        transformers' reference kernels (no flash-linear-attention, mamba_ssm). The same states (within the noise ε
+        measures on these passes); SipIt's first position and the position-0 table are passes of one token."""
+        def zeroed(one):  # the layer a one-token prefix leaves, its states zero
+            one = _with_states(one, lambda name, i, x: x.new_zeros(rows, *x.shape[1:]))
+            if _holds_keys(one):  # (Falcon-H1's hybrid blocks: the attention part holds no key yet)
+                one.keys, one.values, one.is_initialized = None, None, False
+            return one
+
+        cache = cache if cache is not None else self.lm.new_cache(self.blocks_read)
+        cache.layers = [zeroed(one) if _recurrent(one) else layer
+                        for one, layer in zip(self._one_token_cache.layers, cache.layers)]
+        return cache
+
+    @cached_property
+    def _one_token_cache(self):
+        """The cache a one-token prefix leaves (a recurrent model's: its states' shapes and flags)."""
+        return self.prefill(torch.zeros(1, dtype=torch.long)).cache
 
     def from_pass(self, states: dict[int, Tensor], cache) -> Tensor:
         """This tap's observation [B, T, dim] read off one shared forward pass (`run_taps`): the states
@@ -333,6 +357,8 @@ class LayerTap:
         """Full forward of ids [B, T] (or [T]) up to the layer. -> [B, T, d] (or [T, d])."""
         if ids.dim() == 1:
             return self.states(ids[None])[0]
+        if ids.shape[1] == 1 and self.lm.recurrent:  # (one-token sequences: _run_on's recurrent step)
+            return self._run_on(None, False, ids=ids.to(self.lm.device), position_ids=torch.zeros_like(ids))
         return self._run(ids=ids.to(self.lm.device))
 
     def states_from_embeds(self, embeds: Tensor) -> Tensor:
