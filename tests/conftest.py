@@ -39,7 +39,7 @@ def tiny_gemma3():
 
 
 NEMOTRON_H = dict(mamba_num_heads=4, mamba_head_dim=16, n_groups=1, chunk_size=16, n_routed_experts=4,  # (made small)
-                       num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1, pad_token_id=0)
+                  num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1, pad_token_id=0)
 LAYOUTS = {  # Hugging Face decoders laid out unlike Llama: their blocks below the base model (OPT; Llama-4's text
     #          model, whose base-model prefix names no attribute), attention biased by a key's index (ALiBi: BLOOM,
     #          MPT), an attention module named self_attention (BLOOM, Falcon), blocks wider than the embedding and

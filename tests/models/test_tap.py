@@ -189,8 +189,8 @@ def test_a_recurrent_prefix_is_grown_in_its_own_pass_not_cut_back(small_decoder,
     linear attention; inverting it was refused): a shorter prefix's cache is made anew, a pass's grown prefix by a pass
     of its tokens on the prefix's own, a pass never updates a prefix's state in place, and a Prefix that cannot regrow
     refuses to be cut back rather than keep a state of its whole length; a crop grows from the crop asked for before
-    it where that is shorter and made (certificates crop at t = 1, 2, ...: they made every crop anew, T²/2 tokens).
-    Block 0 keeps no keys and values: its KV
+    it where that is shorter and made (certificates crop at t = 1, 2, ...: they made every crop anew, T²/2 tokens);
+    one token from nothing takes the recurrent step, not the chunked scan. Block 0 keeps no keys and values: its KV
     surface is a clear error. Certificates (which read every position on a crop of the prompt) come out exact, on
     Nemotron-H's Mamba-2 blocks (Qwen3-Next's inversion took 71-112 s on an empty cache, in transformers' reference
     kernels: docs/results/models/decoders.py inverts it; Nemotron-H's 2 s)."""
