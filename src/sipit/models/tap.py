@@ -357,9 +357,10 @@ class LayerTap:
         """Full forward of ids [B, T] (or [T]) up to the layer. -> [B, T, d] (or [T, d])."""
         if ids.dim() == 1:
             return self.states(ids[None])[0]
+        ids = ids.to(self.lm.device)
         if ids.shape[1] == 1 and self.lm.recurrent:  # (one-token sequences: _run_on's recurrent step)
-            return self._run_on(None, False, ids=ids.to(self.lm.device), position_ids=torch.zeros_like(ids))
-        return self._run(ids=ids.to(self.lm.device))
+            return self._run_on(None, False, ids=ids, position_ids=torch.zeros_like(ids))
+        return self._run(ids=ids)
 
     def states_from_embeds(self, embeds: Tensor) -> Tensor:
         """Differentiable: input embeddings [B, T, d] (as `lm.embed` outputs them) -> [B, T, d]."""
