@@ -86,7 +86,7 @@ RECURRENT = {
     # Mamba-2 blocks: heads made few (their default widths, e.g. Nemotron-H's 128 heads of 64, make a 32-wide model's
     # reference scan take minutes) and in one group (Mamba-2's default 8 groups of 4 heads fail inside transformers);
     # Nemotron-H's default layout (Mamba, MoE, attention, MLP: 4 blocks whatever num_hidden_layers says), Bamba and
-    # GraniteMoE-Hybrid given an attention block (their defaults have none below the 4th)
+    # GraniteMoE-Hybrid given an attention block (their defaults at 3 blocks have none)
     "nemotron_h": dict(HEADS, **IDS, chunk_size=16, mamba_num_heads=4, mamba_head_dim=16, n_groups=1,
                        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1),
     "bamba": dict(HEADS, **IDS, mamba_n_heads=4, mamba_d_head=16, mamba_chunk_size=16, attn_layer_indices=[1]),
