@@ -149,7 +149,7 @@ def test_extend_many_with_a_sliding_window(tiny_gemma3):
 @pytest.mark.parametrize("model_type", ["opt", "opt-350m", "llama4_text", "bloom", "mpt", "falcon", "gemma3n_text",
                                         "gemma4_text", "deepseek_v3", "lfm2", "qwen3_next",
                                         "qwen3_5_text", "jamba", "falcon_h1", "nemotron_h", "nemotron_h-moe-first",
-                                        "granitemoehybrid"])
+                                        "granitemoehybrid", "zamba2"])
 def test_passes_of_decoders_laid_out_unlike_llama_equal_the_full_forward(small_decoder, model_type):
     """OPT's blocks under base.decoder (OPT-350m's wider than its embedding), Llama-4's under a base model named
     otherwise, ALiBi's biases by a key's index (BLOOM, MPT: a flat pass or a cache padded to a longer prefix would
@@ -166,6 +166,27 @@ def test_taps_below_the_first_attention_block_equal_the_full_forward(small_decod
     for layer in (1, 2):
         _assert_passes_equal_the_full_forward(LayerTap(small_decoder("granitemoehybrid"), layer))
     _assert_passes_equal_the_full_forward(KVTap(small_decoder("nemotron_h"), 2, "both"))
+
+
+def test_a_shared_attention_block_keeps_keys_and_values_at_each_block_that_runs_it(small_decoder):
+    """Zamba2's hybrid blocks (1 and 3 here) run one attention block whose weights they share, each with adapters of
+    its own, and each keeps its keys and values at its own index of the cache: their KV surfaces are those (they were
+    refused as blocks without an attention module), and their passes equal the full forward. Its Mamba block keeps
+    none: a clear error."""
+    from sipit.models import ModelError
+    from sipit.models.surfaces import kv_observation
+
+    lm = small_decoder("zamba2")
+    ids = torch.randint(0, lm.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    cache = lm.new_cache(3)
+    lm.model(input_ids=ids, cache=cache, use_cache=True)
+    for layer in (1, 3):
+        tap = KVTap(lm, layer, "both")
+        full = kv_observation(cache.layers[layer - 1].keys, cache.layers[layer - 1].values, "both")
+        assert torch.allclose(tap.states(ids), full, rtol=1e-5, atol=1e-5 * float(full.abs().max()))
+        _assert_passes_equal_the_full_forward(tap)
+    with pytest.raises(ModelError, match="block 1 .* no attention module"):
+        KVTap(lm, 2)
 
 
 def _assert_passes_equal_the_full_forward(tap):

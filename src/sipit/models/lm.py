@@ -604,6 +604,7 @@ def cache_keyword(module: nn.Module) -> str:
 def attention_module(lm: LM, block: int) -> torch.nn.Module:
     """The attention module of block `block` (0-based)."""
     b = lm.blocks[block]
+    b = getattr(b, "shared_transformer", b)  # Zamba2's hybrid block: a shared attention block of its own (tied weights)
     # (BLOOM, Falcon: self_attention; Nemotron-H: a `mixer` of the block's kind; GraniteMoE-Hybrid: self_attn is None
     # in a Mamba block)
     for name in ("self_attn", "attn", "attention", "self_attention", "mixer"):
@@ -611,9 +612,8 @@ def attention_module(lm: LM, block: int) -> torch.nn.Module:
         if module is not None and (name != "mixer" or type(module).__name__.endswith("Attention")):
             return module
     raise ModelError(f"{lm.name}: block {block} (0-based) has no attention module of its own (a recurrent block, as "
-                     "Mamba's or a gated delta net's, a block of an MLP or MoE only, as some of Nemotron-H's, or one "
-                     "that runs a shared block, as Zamba2's?), so no keys and values of its own: choose a block that "
-                     "attends")
+                     "Mamba's or a gated delta net's, or a block of an MLP or MoE only, as some of Nemotron-H's?), so no "
+                     "keys and values of its own: choose a block that attends")
 
 
 def reads_earlier_kv(lm: LM, block: int) -> bool:
