@@ -145,3 +145,22 @@ def capture():
         text.unlink()
 
     return capture
+
+
+@pytest.fixture(scope="session")
+def random_sae():
+    """random_sae(d, architecture, ...) -> a random SAE (models/sae.py) of d inputs, 4d latents, on a layer's
+    residual stream (hook: layer 2 by default)."""
+    from sipit.models.sae import SAE, hook_layer
+
+    def build(d, architecture="standard", n=None, seed=0, hook="blocks.1.hook_resid_post", **kw):
+        g = torch.Generator().manual_seed(seed)
+        n = n or 4 * d
+        W = torch.randn(d, n, generator=g) / d ** 0.5
+        extra = {"topk": dict(k=6), "jumprelu": dict(threshold=torch.rand(n, generator=g) * 0.5),
+                 "gated": dict(gate=(torch.randn(n, generator=g) * 0.3, torch.randn(n, generator=g) * 0.1,
+                                     torch.randn(n, generator=g) * 0.1))}.get(architecture, {})
+        return SAE(W, torch.randn(n, generator=g) * 0.1, W.T.clone(), torch.randn(d, generator=g) * 0.01, architecture,
+                   hook_layer(hook), hook_name=hook, **{**extra, **kw})
+
+    return build

@@ -18,7 +18,8 @@ from torch import Tensor
 from .io import SipitError
 from .models import LM, LayerTap
 
-SURFACES_HELP = "states | kv[:keys|values|both] | logits | logprobs | projection:K[:gaussian|pca|coords] | permuted"
+SURFACES_HELP = ("states | kv[:keys|values|both] | logits | logprobs | projection:K[:gaussian|pca|coords] | permuted | "
+                 "sae:DIR (a SAELens SAE's latents)")
 
 
 @torch.no_grad()
@@ -49,12 +50,14 @@ def _batches(lm: LM, prompts: list[list[int]], batch_size: int):
 
 @dataclass
 class SurfaceSpec:
-    """A parsed --surface: kind (states|kv|logits|logprobs|projection|permuted), kv part, projection k and kind."""
+    """A parsed --surface: kind (states|kv|logits|logprobs|projection|permuted|sae), kv part, projection k and kind,
+    the SAE's directory."""
 
     kind: str
     part: str = "both"
     k: int = 0
     projection: str = "gaussian"
+    sae: str = ""
 
     @classmethod
     def parse(cls, text: str) -> "SurfaceSpec":
@@ -64,6 +67,8 @@ class SurfaceSpec:
                 return cls(kind)
             if kind == "kv" and len(rest) <= 1 and (not rest or rest[0] in ("keys", "values", "both")):
                 return cls(kind, part=rest[0] if rest else "both")
+            if kind == "sae" and rest and ":".join(rest):
+                return cls(kind, sae=":".join(rest))
             if kind == "projection" and 1 <= len(rest) <= 2 and (len(rest) == 1 or rest[1] in ("gaussian", "pca", "coords")):
                 return cls(kind, k=int(rest[0]), projection=rest[1] if len(rest) == 2 else "gaussian")
         except ValueError:
@@ -77,9 +82,16 @@ def capture_surface(lm: LM, prompts: list[list[int]], spec: SurfaceSpec, layer: 
     """The surface's tensors for the prompts, batched and zero-padded (states.pad), plus metadata.
     seed: the projection's, or the permutation's (`permuted`: one seeded π of the hidden dimensions
     for every state, not written to the file)."""
+    from .models.sae import load_sae
     from .models.surfaces import KVTap, random_projection
     from .states import pad
 
+    if spec.kind == "sae":
+        sae = load_sae(spec.sae).to(lm.device)
+        if sae.layer is not None and sae.layer != layer:
+            raise SipitError(f"the SAE reads layer {sae.layer} ({sae.hook_name}), not layer {layer}")
+        latents = [sae.encode(s).cpu() for s in capture(lm, prompts, layer, final_norm, batch_size)]
+        return {"sae_features": pad(latents)}, {"sae": spec.sae, "sae_digest": sae.digest}
     if spec.kind in ("states", "projection", "permuted"):
         states = capture(lm, prompts, layer, final_norm, batch_size)
         if spec.kind == "states":
@@ -133,12 +145,13 @@ def check_layer(lm: LM, ids: list[int], states: Tensor, layer: int, final_norm: 
                          f"{d[best]:.2g}), not layer {layer} ({d[layer]:.2g}): give --layer {best}")
 
 
-def open_surface(lm: LM, st, layer: int, final_norm: bool):
+def open_surface(lm: LM, st, layer: int, final_norm: bool, sae: str | None = None):
     """A loaded file (states.States) -> (tap, observations [T_i, tap.dim] per prompt, error).
 
     error: the relative error the observations carry beyond recomputation (a storage format's
     rounding; for logits, the rounding amplified by the least squares back to states), added to the
-    measured ε (InvertConfig.observation_error); 0.0 for plain float observations."""
+    measured ε (InvertConfig.observation_error); 0.0 for plain float observations. sae: an SAE file's SAE
+    directory (default: the one its metadata names)."""
     from .invert.verify import UNIT_ROUNDOFF
     from .models import LayerTap
     from .models.surfaces import (KVTap, ProjectedTap, SortedTap, logits_error, logits_tap, normed_states_from_logits,
@@ -158,6 +171,8 @@ def open_surface(lm: LM, st, layer: int, final_norm: bool):
         return logits_tap(lm), states, logits_error(lm, error)
     if st.surface == "projection":
         return ProjectedTap(lm, layer, st.projection, final_norm), prompts, st.error or 0.0
+    if st.surface == "sae":
+        return _open_sae(lm, st, layer, final_norm, sae or st.meta.get("sae"), prompts)
     if st.surface == "permuted":
         if prompts[0].shape[-1] != lm.d_model:
             raise SipitError(f"permuted states have {prompts[0].shape[-1]} dimensions per position, {lm.name} has "
@@ -176,3 +191,30 @@ def open_surface(lm: LM, st, layer: int, final_norm: bool):
         d = lm.d_model
         return ProjectedTap(lm, layer, torch.eye(d) - 1.0 / d, final_norm), prompts, st.error or 0.0
     return LayerTap(lm, layer, final_norm), prompts, st.error or 0.0
+
+
+def _open_sae(lm: LM, st, layer: int, final_norm: bool, path: str | None, latents: list[Tensor]):
+    """open_surface of an SAE's latents [T_i, n]: the SAETap and the latents decoded, [T_i, d]. A stored rounding of
+    the latents (relative e, as storage_error bounds it, or the dtype's) moves a reconstruction by at most
+    σ_max(W_dec)·e·‖f‖, relative to ‖decode(f)‖: the error added to ε."""
+    from .invert.verify import UNIT_ROUNDOFF
+    from .models.sae import load_sae
+    from .models.surfaces import SAETap
+
+    if not path:
+        raise SipitError("an SAE latents file needs its SAE: give --sae DIR (a SAELens directory)")
+    sae = load_sae(path)
+    if latents[0].shape[-1] != sae.n:
+        raise SipitError(f"the file has {latents[0].shape[-1]} latents per position, the SAE in {path} has {sae.n}")
+    if st.meta.get("sae_digest") not in (None, sae.digest):
+        raise SipitError(f"the file's latents were made by another SAE than the one in {path} (fingerprint "
+                         f"{st.meta['sae_digest']}, this one {sae.digest})")
+    if sae.layer is not None and sae.layer != layer:
+        raise SipitError(f"the SAE in {path} reads layer {sae.layer} ({sae.hook_name}), the file says layer {layer}")
+    tap = SAETap(lm, layer, sae, final_norm)
+    decoded = [tap.sae.decode(f.to(lm.device)) for f in latents]
+    rounding = st.error if st.error is not None else (
+        0.0 if latents[0].dtype == torch.float32 else UNIT_ROUNDOFF.get(latents[0].dtype, 2.0 ** -8))
+    gain = float(torch.linalg.matrix_norm(sae.W_dec.double(), ord=2)) * max(
+        float((f.double().norm(dim=-1) / h.double().norm(dim=-1).clamp_min(1e-30)).max()) for f, h in zip(latents, decoded))
+    return tap, decoded, rounding * gain

@@ -46,6 +46,10 @@ def cmd_capture(args):
 
     spec = SurfaceSpec.parse(args.surface)
     lm = load_model(args.model, precision=args.precision, device=args.device)
+    if args.layer is None and spec.kind == "sae":  # the layer the SAE's hook reads
+        from .models.sae import load_sae
+
+        args.layer = load_sae(spec.sae).layer
     if args.layer is None and spec.kind not in ("logits", "logprobs"):
         raise SipitError(f"--surface {args.surface} needs --layer")
     layer = lm.layer_index(-1 if spec.kind in ("logits", "logprobs") else args.layer)
@@ -66,7 +70,8 @@ def add_capture_parser(sub, add_model) -> None:
     from .capture import SURFACES_HELP
     from .storage import STORAGE
 
-    s = sub.add_parser("capture", help="capture what leaks of prompts at one layer: states, KV cache, logits, projections")
+    s = sub.add_parser("capture", help="capture what leaks of prompts at one layer: states, KV cache, logits, projections, "
+                                           "SAE latents")
     add_model(s)
     s.add_argument("--layer", type=int, default=None, help="0 = embeddings, i = after block i (kv: block i's cache), "
                                                            "negative from the end (logits: the last, implied)")

@@ -13,6 +13,8 @@ batched file have different lengths: positions past a prompt's length are paddin
     projection  projected [B, T, k] or [T, k] + projection [k, d]  states @ Pᵀ
     permuted    hidden_states [B, T, d] or [T, d], hidden dimensions   the state, π recovered from the
                 permuted by one unknown π                      first positions; else sort(state)
+    sae         sae_features [B, T, n] or [T, n] (metadata sae:      the SAE's reconstruction of them
+                its SAELens directory, sae_digest)
 
 Any observation tensor may be stored in low precision (storage.py: metadata `storage`, codes in
 NAME, scales in NAME.scale); its ε then comes from the format. `.npy` (no pickles) and `.pt`
@@ -33,7 +35,7 @@ from .io import SipitError, atomic_write
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 SURFACE_TENSORS = {"states": ("hidden_states",), "kv": ("keys", "values"), "logits": ("logits",),
                    "logprobs": ("logprobs",), "projection": ("projected",),
-                   "permuted": ("hidden_states",)}
+                   "permuted": ("hidden_states",), "sae": ("sae_features",)}
 
 
 class StatesError(SipitError):
@@ -52,7 +54,7 @@ class States:
     tokenizer: str | None = None
     ids: list[list[int]] | None = None  # ground truth, when the file has it
     meta: dict = field(default_factory=dict)  # every metadata string, as stored
-    surface: str = "states"  # states | kv | logits | logprobs | projection | permuted
+    surface: str = "states"  # states | kv | logits | logprobs | projection | permuted | sae
     part: str | None = None  # kv: keys | values | both
     kv_heads: tuple[int, int] | None = None  # kv: (n_kv_heads, head_dim) as stored
     projection: Tensor | None = None  # projection: P [k, d]
@@ -175,7 +177,8 @@ def _surface(path: Path, tensors: dict, meta: dict) -> str:
     if surface is None:
         surface = next((s for s, names in SURFACE_TENSORS.items() if any(n in tensors for n in names)), None)
     if surface is None:
-        raise StatesError(f"{path}: no tensor named 'hidden_states' (nor keys/values, logits, logprobs, projected; "
+        raise StatesError(f"{path}: no tensor named 'hidden_states' (nor keys/values, logits, logprobs, projected, "
+                          "sae_features; "
                           f"found: {', '.join(tensors) or 'none'})")
     if surface not in SURFACE_TENSORS:
         raise StatesError(f"{path}: unknown surface {surface!r} in the metadata (known: {', '.join(SURFACE_TENSORS)})")

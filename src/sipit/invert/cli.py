@@ -61,7 +61,7 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     lm = models[model, precision]
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: {path} was made with another tokenizer than {model}'s", file=sys.stderr)
-    tap, prompts, error = open_surface(lm, st, lm.layer_index(layer), final_norm)
+    tap, prompts, error = open_surface(lm, st, lm.layer_index(layer), final_norm, sae=args.sae)
     if st.ids and type(tap) is LayerTap:  # plain states with their ids: a wrong layer is told in seconds
         check_layer(lm, st.ids[0], prompts[0], tap.layer, final_norm, error)
     if args.noise:  # relative noise of norm sigma*||h_t|| per position; eps must then exceed sigma
@@ -262,6 +262,8 @@ def add_invert_parser(sub) -> None:
                    help="vLLM exports: the layer ids the file holds, in order (eagle_aux_hidden_state_layer_ids)")
     s.add_argument("--model", default=None, help="default: the file's metadata")
     s.add_argument("--layer", type=int, default=None, help="default: the file's metadata")
+    s.add_argument("--sae", default=None, metavar="DIR",
+                   help="an SAE latents file's SAE (a SAELens directory; default: the file's metadata)")
     s.add_argument("--final-norm", default=None, action=argparse.BooleanOptionalAction,
                    help="states are after the final norm (default: the file's metadata, else no)")
     s.add_argument("--policy", default="learned",

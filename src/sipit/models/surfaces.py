@@ -12,6 +12,7 @@ surface it runs on.
                 by stopping the forward right after block ℓ's attention wrote its cache: blocks
                 above ℓ and block ℓ's MLP never run.
 - ProjectedTap: states @ Pᵀ for a known projection P [k, d].
+- SAETap:       an SAE's latents of the states, compared through its reconstruction decode(encode(h)) [d] (sae.py).
 - SortedTap:    each state's coordinates in ascending order: what states whose hidden dimensions went
                 through an unknown permutation (the same for every position) still determine.
 - logits:       logits = softcap(W·norm(h_L) + b) with W [V, d] of full column rank determine
@@ -57,6 +58,30 @@ class ProjectedTap(LayerTap):
 
     def from_pass(self, states, cache) -> Tensor:
         return super().from_pass(states, cache) @ self.projection.T
+
+
+class SAETap(LayerTap):
+    """decode(encode(h)): the reconstruction [B, T, d] of the states' latents by a known SAE (models/sae.py), what a
+    leak of the latents f is compared through once decoded (decode(f)). float32, the SAE's dtype."""
+
+    plain_states = False
+
+    def __init__(self, lm: LM, layer: int, sae, final_norm: bool = False):
+        super().__init__(lm, layer, final_norm)
+        if sae.d != lm.d_model:
+            raise ModelError(f"the SAE reads {sae.d} dimensions, {lm.name}'s states have {lm.d_model}: another model's SAE")
+        self.sae = sae.to(lm.device)
+        self._digest = sae.digest
+
+    @property
+    def key(self) -> str:
+        return f"sae:{self.sae.n}:{self._digest}:L{self.layer}" + ("n" if self.final_norm else "")
+
+    def _run(self, **kw) -> Tensor:
+        return self.sae.decode(self.sae.encode(super()._run(**kw)))
+
+    def from_pass(self, states, cache) -> Tensor:
+        return self.sae.decode(self.sae.encode(super().from_pass(states, cache)))
 
 
 class SortedTap(LayerTap):

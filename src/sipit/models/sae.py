@@ -1,0 +1,174 @@
+"""Sparse autoencoders (SAEs) on a layer's residual stream, as SAELens saves them: what their latents leak.
+
+Interpretability work stores an SAE's latents of every position (feature dashboards, activation caches). They are a
+function of the state, f = σ(W_encᵀ(h − b_dec) + b_enc) with σ one of ReLU (SAELens "standard"), TopK, JumpReLU
+or a gated ReLU, so SipIt inverts them like any surface (surfaces.SAETap). It compares a candidate with the leak
+through the SAE's own reconstruction, decode(f) = f W_dec + b_dec, which lives in the state's d dimensions: the
+learned policy then calibrates on [·, d] observations (the latents are 4-64x wider), and decoding is linear and
+Lipschitz, so another token whose reconstruction lies farther than ε from the leak's has other latents too.
+
+A directory as `SAE.save_model` writes it (SAELens 3-6): cfg.json (d_in, d_sae, architecture, apply_b_dec_to_input,
+normalize_activations, hook_name, k or activation_fn_kwargs.k) and sae_weights.safetensors (W_enc [d, n], b_enc [n],
+W_dec [n, d], b_dec [d]; threshold [n] for JumpReLU; b_gate, r_mag, b_mag [n] for gated). The hook names the layer:
+blocks.i.hook_resid_pre = layer i, blocks.i.hook_resid_post = layer i + 1 (TransformerLens' names), model.layers.i or
+layers.i (a Hugging Face block's output) = layer i + 1.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..io import SipitError
+
+ARCHITECTURES = ("standard", "topk", "jumprelu", "gated")
+WEIGHTS, CONFIG = "sae_weights.safetensors", "cfg.json"
+HOOKS = ((r"blocks\.(\d+)\.hook_resid_pre", 0), (r"blocks\.(\d+)\.hook_resid_post", 1),
+         (r"(?:model\.)?layers\.(\d+)", 1))  # (hook name, layer = index + offset)
+
+
+class SAEError(SipitError):
+    """An SAE directory sipit cannot use; the message says why."""
+
+
+@dataclass
+class SAE:
+    """An SAE's weights (float32) and activation. encode: states [..., d] -> latents [..., n]; decode: back."""
+
+    W_enc: Tensor  # [d, n]
+    b_enc: Tensor  # [n]
+    W_dec: Tensor  # [n, d]
+    b_dec: Tensor  # [d]
+    architecture: str = "standard"
+    layer: int | None = None  # from the hook name, where it names a residual stream
+    k: int | None = None  # topk
+    threshold: Tensor | None = None  # jumprelu [n]
+    gate: tuple[Tensor, Tensor, Tensor] | None = None  # gated: b_gate, r_mag, b_mag [n]
+    apply_b_dec_to_input: bool = True
+    rescale_by_decoder_norm: bool = False  # topk: pre-activations scaled by ‖W_dec row‖ (and decode undoes it)
+    hook_name: str = ""
+
+    @property
+    def d(self) -> int:
+        return self.W_enc.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.W_enc.shape[1]
+
+    def to(self, device) -> "SAE":
+        moved = {name: getattr(self, name).to(device) for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
+        return SAE(**{**self.__dict__, **moved, "threshold": None if self.threshold is None else self.threshold.to(device),
+                      "gate": None if self.gate is None else tuple(g.to(device) for g in self.gate)})
+
+    def encode(self, h: Tensor) -> Tensor:
+        """States h [..., d] (any float dtype) -> latents [..., n] float32, as SAELens' encode."""
+        x = h.float() - (self.b_dec if self.apply_b_dec_to_input else 0)
+        if self.architecture == "gated":
+            b_gate, r_mag, b_mag = self.gate
+            active = (x @ self.W_enc + b_gate) > 0
+            return active * torch.relu(x @ (self.W_enc * r_mag.exp()) + b_mag)
+        pre = x @ self.W_enc + self.b_enc  # [..., n]
+        if self.architecture == "standard":
+            return torch.relu(pre)
+        if self.architecture == "jumprelu":
+            return torch.relu(pre) * (pre > self.threshold)
+        if self.rescale_by_decoder_norm:
+            pre = pre * self.W_dec.norm(dim=-1)
+        top = pre.topk(self.k, dim=-1)
+        return torch.zeros_like(pre).scatter_(-1, top.indices, torch.relu(top.values))
+
+    def decode(self, f: Tensor) -> Tensor:
+        """Latents f [..., n] -> the SAE's reconstruction [..., d] float32."""
+        f = f.float()
+        if self.rescale_by_decoder_norm:
+            f = f / self.W_dec.norm(dim=-1)
+        return f @ self.W_dec + self.b_dec
+
+    @property
+    def digest(self) -> str:
+        """A fingerprint of the weights and activation (what a file's latents were made with)."""
+        h = hashlib.sha256(repr((self.architecture, self.k, self.apply_b_dec_to_input,
+                                 self.rescale_by_decoder_norm)).encode())
+        for t in (self.W_enc, self.b_enc, self.W_dec, self.b_dec, self.threshold, *(self.gate or ())):
+            if t is not None:
+                h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()[:12]
+
+    def save(self, path: str | Path) -> Path:
+        """Write it as SAELens does (cfg.json, sae_weights.safetensors)."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        weights = dict(W_enc=self.W_enc, b_enc=self.b_enc, W_dec=self.W_dec, b_dec=self.b_dec)
+        if self.threshold is not None:
+            weights["threshold"] = self.threshold
+        if self.gate is not None:
+            weights.update(zip(("b_gate", "r_mag", "b_mag"), self.gate))
+        save_file({k: v.contiguous() for k, v in weights.items()}, path / WEIGHTS)
+        cfg = dict(architecture=self.architecture, d_in=self.d, d_sae=self.n, dtype="float32",
+                   apply_b_dec_to_input=self.apply_b_dec_to_input, normalize_activations="none",
+                   metadata=dict(hook_name=self.hook_name, sae_lens_version="6.0.0"))
+        if self.architecture == "topk":
+            cfg.update(k=self.k, rescale_acts_by_decoder_norm=self.rescale_by_decoder_norm)
+        (path / CONFIG).write_text(json.dumps(cfg, indent=1))
+        return path
+
+
+def hook_layer(hook_name: str) -> int | None:
+    """The residual-stream layer a hook name reads (module docstring), or None."""
+    for pattern, offset in HOOKS:
+        m = re.fullmatch(pattern, hook_name)
+        if m:
+            return int(m.group(1)) + offset
+    return None
+
+
+def load_sae(path: str | Path) -> SAE:
+    """An SAE from a SAELens directory (module docstring). Raises SAEError with one clear message."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not (path / CONFIG).is_file() or not (path / WEIGHTS).is_file():
+        raise SAEError(f"{path}: not an SAE directory (SAELens' {CONFIG} and {WEIGHTS} expected)")
+    try:
+        cfg = json.loads((path / CONFIG).read_text())
+        w = load_file(path / WEIGHTS)
+    except Exception as e:  # (json, safetensors: a corrupt file)
+        raise SAEError(f"{path}: unreadable SAE: {e}") from e
+    meta = cfg.get("metadata") or {}
+    hook = meta.get("hook_name") or cfg.get("hook_name") or cfg.get("hook_point") or ""
+    arch = cfg.get("architecture", "standard")
+    kwargs = cfg.get("activation_fn_kwargs") or {}
+    if (cfg.get("activation_fn") or cfg.get("activation_fn_str")) == "topk" and arch == "standard":
+        arch = "topk"  # (SAELens before 6 saved TopK SAEs as standard ones with a topk activation)
+    if arch not in ARCHITECTURES:
+        raise SAEError(f"{path}: SAE architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+    norm = cfg.get("normalize_activations", "none")
+    if norm not in ("none", None):
+        raise SAEError(f"{path}: normalize_activations={norm!r}: only SAEs that read the states as they are "
+                       "(normalize_activations 'none', or a scaling folded into the weights) are supported")
+    if cfg.get("reshape_activations", "none") != "none" or cfg.get("hook_head_index") is not None:
+        raise SAEError(f"{path}: this SAE reads attention heads ({hook!r}), not a residual stream")
+    need = {"standard": (), "topk": (), "jumprelu": ("threshold",), "gated": ("b_gate", "r_mag", "b_mag")}[arch]
+    missing = [n for n in ("W_enc", "W_dec", "b_dec", *(() if arch == "gated" else ("b_enc",)), *need) if n not in w]
+    if missing:
+        raise SAEError(f"{path}: {WEIGHTS} lacks {', '.join(missing)} (a {arch} SAE)")
+    f = {n: t.float() for n, t in w.items()}
+    d, n = f["W_enc"].shape
+    if f["W_dec"].shape != (n, d) or f["b_dec"].shape != (d,):
+        raise SAEError(f"{path}: W_enc {list(f['W_enc'].shape)}, W_dec {list(f['W_dec'].shape)} and b_dec "
+                       f"{list(f['b_dec'].shape)} do not fit [d, n], [n, d], [d]")
+    k = cfg.get("k", kwargs.get("k"))
+    if arch == "topk" and not (isinstance(k, int) and 1 <= k <= n):
+        raise SAEError(f"{path}: a TopK SAE needs an integer k in 1..{n} in {CONFIG}, got {k!r}")
+    return SAE(f["W_enc"], f.get("b_enc", torch.zeros(n)), f["W_dec"], f["b_dec"], arch, hook_layer(hook),
+               k if arch == "topk" else None, f.get("threshold"),
+               tuple(f[x] for x in ("b_gate", "r_mag", "b_mag")) if arch == "gated" else None,
+               bool(cfg.get("apply_b_dec_to_input", True)), bool(cfg.get("rescale_acts_by_decoder_norm", False)), hook)

@@ -1,0 +1,93 @@
+"""SAEs as SAELens saves them (models/sae.py) and their latents as a leak surface (surfaces.SAETap)."""
+import json
+
+import pytest
+import torch
+
+from sipit.invert import InvertConfig, invert
+from sipit.models import LayerTap
+from sipit.models.sae import SAEError, hook_layer, load_sae
+from sipit.models.surfaces import SAETap
+
+
+@pytest.mark.parametrize("architecture", ["standard", "topk", "jumprelu", "gated"])
+def test_each_architecture_round_trips_through_a_saelens_directory(random_sae, tmp_path, architecture):
+    """What SAE.save writes (SAELens 6's files) loads back to the same latents; TopK keeps at most k, JumpReLU none
+    at or below its threshold. (docs/results/surfaces/saelens_check.py: SAELens' own save_model and encode/decode
+    against this reader, equal to the last bit.)"""
+    sae = random_sae(16, architecture)
+    loaded = load_sae(sae.save(tmp_path / architecture))
+    x = torch.randn(3, 5, 16)
+    f = loaded.encode(x)
+    assert torch.equal(f, sae.encode(x)) and loaded.digest == sae.digest and loaded.layer == 2
+    assert torch.allclose(loaded.decode(f), f @ sae.W_dec + sae.b_dec)
+    assert f.shape == (3, 5, 64) and (f >= 0).all()
+    if architecture == "topk":
+        assert ((f > 0).sum(-1) <= 6).all()
+    if architecture == "jumprelu":
+        pre = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
+        assert (f[pre <= sae.threshold] == 0).all() and torch.equal(f[pre > sae.threshold], pre[pre > sae.threshold])
+
+
+def test_hook_names_and_older_saelens_configs(random_sae, tmp_path):
+    """TransformerLens' hook names (resid_pre = layer i, resid_post = i + 1) and a Hugging Face block's output name the
+    layer; SAELens before 6 saved a TopK SAE as a standard one with activation_fn_str "topk" and its k in
+    activation_fn_kwargs, and the hook as hook_point."""
+    assert [hook_layer(h) for h in ("blocks.0.hook_resid_pre", "blocks.7.hook_resid_post", "model.layers.3",
+                                    "layers.11", "blocks.3.hook_mlp_out")] == [0, 8, 4, 12, None]
+    path = random_sae(16, "topk").save(tmp_path / "old")
+    cfg = json.loads((path / "cfg.json").read_text())
+    cfg = dict(d_in=16, d_sae=64, architecture="standard", activation_fn_str="topk", activation_fn_kwargs={"k": 6},
+               hook_point="blocks.2.hook_resid_pre", apply_b_dec_to_input=cfg["apply_b_dec_to_input"])
+    (path / "cfg.json").write_text(json.dumps(cfg))
+    sae = load_sae(path)
+    assert (sae.architecture, sae.k, sae.layer) == ("topk", 6, 2)
+
+
+def test_sae_directories_sipit_cannot_use_are_one_clear_error(random_sae, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    with pytest.raises(SAEError, match="not an SAE directory"):
+        load_sae(tmp_path / "missing")
+    cases = {"architecture": ("matryoshka_batchtopk", "not supported"),
+             "normalize_activations": ("expected_average_only_in", "normalize_activations"),
+             "reshape_activations": ("hook_z", "attention heads"), "k": (None, "needs an integer k")}
+    for key, (value, message) in cases.items():
+        path = random_sae(16, "topk").save(tmp_path / key)
+        cfg = json.loads((path / "cfg.json").read_text())
+        (path / "cfg.json").write_text(json.dumps({**cfg, key: value}))
+        with pytest.raises(SAEError, match=message):
+            load_sae(path)
+    path = random_sae(16, "jumprelu").save(tmp_path / "no-threshold")
+    weights = load_file(path / "sae_weights.safetensors")
+    save_file({k: v for k, v in weights.items() if k != "threshold"}, path / "sae_weights.safetensors")
+    with pytest.raises(SAEError, match="lacks threshold"):
+        load_sae(path)
+    save_file({**weights, "W_dec": weights["W_dec"][:, :-1].contiguous()}, path / "sae_weights.safetensors")
+    with pytest.raises(SAEError, match="do not fit"):
+        load_sae(path)
+    (path / "cfg.json").write_text("{not json")
+    with pytest.raises(SAEError, match="unreadable"):
+        load_sae(path)
+
+
+@pytest.mark.parametrize("architecture", ["standard", "topk", "gated"])
+def test_sae_latents_invert_exactly_through_their_reconstruction(random_sae, tiny_lm, architecture):
+    """The tap observes decode(encode(h)) of the full forward's states; the latents' reconstructions invert exactly,
+    through another SAE's tap they fail, and latents that are all zero (a JumpReLU whose thresholds nothing reaches)
+    hold nothing of the prompt: every token matches, and the result says so (ambiguous), not a guess."""
+    ids = torch.randint(0, tiny_lm.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    sae = random_sae(tiny_lm.d_model, architecture)
+    tap = SAETap(tiny_lm, 2, sae)
+    latents = sae.encode(LayerTap(tiny_lm, 2).states(ids))
+    assert tap.dim == tiny_lm.d_model and tap.key.startswith(f"sae:{sae.n}:{sae.digest}:L2")
+    assert torch.allclose(tap.states(ids), sae.decode(latents), atol=1e-6)
+    r = invert(tiny_lm, sae.decode(latents), 2, tap=tap, progress=False, true_ids=ids.tolist())
+    assert all(p.exact and p.status == "ok" for p in r.prompts)
+    other = SAETap(tiny_lm, 2, random_sae(tiny_lm.d_model, architecture, seed=1))
+    r = invert(tiny_lm, sae.decode(latents), 2, InvertConfig(policy="exhaustive"), tap=other, progress=False)
+    assert all(p.status == "failed" for p in r.prompts)
+    closed = random_sae(tiny_lm.d_model, "jumprelu", threshold=torch.full((4 * tiny_lm.d_model,), 1e9))
+    r = invert(tiny_lm, closed.decode(closed.encode(LayerTap(tiny_lm, 2).states(ids))), 2,
+               InvertConfig(policy="exhaustive"), tap=SAETap(tiny_lm, 2, closed), progress=False)
+    assert all(p.status == "ambiguous" for p in r.prompts)
