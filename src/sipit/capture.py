@@ -83,14 +83,15 @@ def capture_surface(lm: LM, prompts: list[list[int]], spec: SurfaceSpec, layer: 
     seed: the projection's, or the permutation's (`permuted`: one seeded π of the hidden dimensions
     for every state, not written to the file)."""
     from .models.sae import load_sae
-    from .models.surfaces import KVTap, random_projection
+    from .models.surfaces import KVTap, SAETap, random_projection
     from .states import pad
 
     if spec.kind == "sae":
-        sae = load_sae(spec.sae).to(lm.device)
+        sae = load_sae(spec.sae)
         if sae.layer is not None and sae.layer != layer:
             raise SipitError(f"the SAE reads layer {sae.layer} ({sae.hook_name}), not layer {layer}")
-        latents = [sae.encode(s).cpu() for s in capture(lm, prompts, layer, final_norm, batch_size)]
+        tap = SAETap(lm, layer, sae, final_norm)
+        latents = [tap.latents(s).cpu() for s in capture(lm, prompts, layer, final_norm, batch_size)]
         return {"sae_features": pad(latents)}, {"sae": spec.sae, "sae_digest": sae.digest}
     if spec.kind in ("states", "projection", "permuted"):
         states = capture(lm, prompts, layer, final_norm, batch_size)

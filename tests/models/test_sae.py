@@ -91,3 +91,21 @@ def test_sae_latents_invert_exactly_through_their_reconstruction(random_sae, tin
     r = invert(tiny_lm, closed.decode(closed.encode(LayerTap(tiny_lm, 2).states(ids))), 2,
                InvertConfig(policy="exhaustive"), tap=SAETap(tiny_lm, 2, closed), progress=False)
     assert all(p.status == "ambiguous" for p in r.prompts)
+
+
+def test_an_sae_of_transformer_lens_centred_stream_reads_centred_states(tmp_path, tiny_lm, random_sae):
+    """SAELens' GPT-2 residual SAEs read TransformerLens' stream with center_writing_weights (their config says so):
+    on a model of LayerNorm blocks (GPT-2) the tap centres the states before encoding, and their latents invert; on
+    RMSNorm blocks (Llama), and for an SAE whose config does not say so, nothing is centred."""
+    sae = load_sae(random_sae(tiny_lm.d_model, "topk", centred_on_layernorm=True).save(tmp_path / "centred"))
+    plain = load_sae(random_sae(tiny_lm.d_model, "topk").save(tmp_path / "plain"))
+    assert sae.centred_on_layernorm and not plain.centred_on_layernorm and sae.digest != plain.digest
+    layernorm = "gpt2" in tiny_lm.name
+    tap = SAETap(tiny_lm, 2, sae)
+    assert tap.centre == layernorm and not SAETap(tiny_lm, 2, plain).centre
+    ids = torch.randint(0, tiny_lm.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    h = LayerTap(tiny_lm, 2).states(ids)
+    latents = sae.encode(h - h.mean(-1, keepdim=True) if layernorm else h)
+    assert torch.equal(tap.latents(h), latents)
+    r = invert(tiny_lm, sae.decode(latents), 2, tap=tap, progress=False, true_ids=ids.tolist())
+    assert all(p.exact and p.status == "ok" for p in r.prompts)

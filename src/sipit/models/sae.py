@@ -11,7 +11,9 @@ A directory as `SAE.save_model` writes it (SAELens 3-6): cfg.json (d_in, d_sae, 
 normalize_activations, hook_name, k or activation_fn_kwargs.k) and sae_weights.safetensors (W_enc [d, n], b_enc [n],
 W_dec [n, d], b_dec [d]; threshold [n] for JumpReLU; b_gate, r_mag, b_mag [n] for gated). The hook names the layer:
 blocks.i.hook_resid_pre = layer i, blocks.i.hook_resid_post = layer i + 1 (TransformerLens' names), model.layers.i or
-layers.i (a Hugging Face block's output) = layer i + 1.
+layers.i (a Hugging Face block's output) = layer i + 1. An SAE whose config says its TransformerLens model was loaded
+with center_writing_weights (model_from_pretrained_kwargs; SAELens' GPT-2 residual SAEs) read a centred residual stream
+where the blocks use LayerNorm: SAETap centres the states for it (SAELens trains on unprocessed models by default).
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ class SAE:
     apply_b_dec_to_input: bool = True
     rescale_by_decoder_norm: bool = False  # topk: pre-activations scaled by ‖W_dec row‖ (and decode undoes it)
     hook_name: str = ""
+    centred_on_layernorm: bool = False  # read a TransformerLens stream: centred where the blocks use LayerNorm
 
     @property
     def d(self) -> int:
@@ -93,8 +96,8 @@ class SAE:
     @property
     def digest(self) -> str:
         """A fingerprint of the weights and activation (what a file's latents were made with)."""
-        h = hashlib.sha256(repr((self.architecture, self.k, self.apply_b_dec_to_input,
-                                 self.rescale_by_decoder_norm)).encode())
+        h = hashlib.sha256(repr((self.architecture, self.k, self.apply_b_dec_to_input, self.rescale_by_decoder_norm,
+                                 self.centred_on_layernorm)).encode())
         for t in (self.W_enc, self.b_enc, self.W_dec, self.b_dec, self.threshold, *(self.gate or ())):
             if t is not None:
                 h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
@@ -114,7 +117,8 @@ class SAE:
         save_file({k: v.contiguous() for k, v in weights.items()}, path / WEIGHTS)
         cfg = dict(architecture=self.architecture, d_in=self.d, d_sae=self.n, dtype="float32",
                    apply_b_dec_to_input=self.apply_b_dec_to_input, normalize_activations="none",
-                   metadata=dict(hook_name=self.hook_name, sae_lens_version="6.0.0"))
+                   metadata=dict(hook_name=self.hook_name, sae_lens_version="6.0.0",
+                                 model_from_pretrained_kwargs=dict(center_writing_weights=self.centred_on_layernorm)))
         if self.architecture == "topk":
             cfg.update(k=self.k, rescale_acts_by_decoder_norm=self.rescale_by_decoder_norm)
         (path / CONFIG).write_text(json.dumps(cfg, indent=1))
@@ -168,7 +172,11 @@ def load_sae(path: str | Path) -> SAE:
     k = cfg.get("k", kwargs.get("k"))
     if arch == "topk" and not (isinstance(k, int) and 1 <= k <= n):
         raise SAEError(f"{path}: a TopK SAE needs an integer k in 1..{n} in {CONFIG}, got {k!r}")
+    loaded = meta.get("model_from_pretrained_kwargs") or cfg.get("model_from_pretrained_kwargs") or {}
+    transformer_lens = (meta.get("model_class_name") or cfg.get("model_class_name") or "HookedTransformer") == \
+        "HookedTransformer" and hook.startswith("blocks.")
     return SAE(f["W_enc"], f.get("b_enc", torch.zeros(n)), f["W_dec"], f["b_dec"], arch, hook_layer(hook),
                k if arch == "topk" else None, f.get("threshold"),
                tuple(f[x] for x in ("b_gate", "r_mag", "b_mag")) if arch == "gated" else None,
-               bool(cfg.get("apply_b_dec_to_input", True)), bool(cfg.get("rescale_acts_by_decoder_norm", False)), hook)
+               bool(cfg.get("apply_b_dec_to_input", True)), bool(cfg.get("rescale_acts_by_decoder_norm", False)), hook,
+               transformer_lens and bool(loaded.get("center_writing_weights", False)))

@@ -62,7 +62,8 @@ class ProjectedTap(LayerTap):
 
 class SAETap(LayerTap):
     """decode(encode(h)): the reconstruction [B, T, d] of the states' latents by a known SAE (models/sae.py), what a
-    leak of the latents f is compared through once decoded (decode(f)). float32, the SAE's dtype."""
+    leak of the latents f is compared through once decoded (decode(f)). float32, the SAE's dtype. The states are
+    centred first for an SAE trained on TransformerLens' centred stream of a model of LayerNorm blocks."""
 
     plain_states = False
 
@@ -71,17 +72,23 @@ class SAETap(LayerTap):
         if sae.d != lm.d_model:
             raise ModelError(f"the SAE reads {sae.d} dimensions, {lm.name}'s states have {lm.d_model}: another model's SAE")
         self.sae = sae.to(lm.device)
+        self.centre = sae.centred_on_layernorm and any(isinstance(m, torch.nn.LayerNorm) for m in lm.blocks[0].modules())
         self._digest = sae.digest
 
     @property
     def key(self) -> str:
-        return f"sae:{self.sae.n}:{self._digest}:L{self.layer}" + ("n" if self.final_norm else "")
+        return f"sae:{self.sae.n}:{self._digest}:L{self.layer}" + ("c" if self.centre else "") + \
+            ("n" if self.final_norm else "")
+
+    def latents(self, h: Tensor) -> Tensor:
+        """The SAE's latents [..., n] of states h [..., d], as its training saw them."""
+        return self.sae.encode(h - h.mean(-1, keepdim=True) if self.centre else h)
 
     def _run(self, **kw) -> Tensor:
-        return self.sae.decode(self.sae.encode(super()._run(**kw)))
+        return self.sae.decode(self.latents(super()._run(**kw)))
 
     def from_pass(self, states, cache) -> Tensor:
-        return self.sae.decode(self.sae.encode(super().from_pass(states, cache)))
+        return self.sae.decode(self.latents(super().from_pass(states, cache)))
 
 
 class SortedTap(LayerTap):
