@@ -109,3 +109,37 @@ def test_an_sae_of_transformer_lens_centred_stream_reads_centred_states(tmp_path
     assert torch.equal(tap.latents(h), latents)
     r = invert(tiny_lm, sae.decode(latents), 2, tap=tap, progress=False, true_ids=ids.tolist())
     assert all(p.exact and p.status == "ok" for p in r.prompts)
+
+
+@pytest.mark.parametrize("activation", ["topk", "groupmax"])
+def test_a_sparsify_directory_loads_with_its_hookpoint_layer(tmp_path, activation):
+    """EleutherAI's sparsify saves cfg.json and sae.safetensors (encoder.weight [n, d], encoder.bias, W_dec, b_dec) in a
+    directory named after the hookpoint (layers.i: a Hugging Face block's output, layer i + 1): latents relu(encoder(h −
+    b_dec)), the top k or the largest of each of k groups; a transcoder is refused. (docs/results/surfaces/
+    sparsify_check.py: sparsify's own save_to_disk and encode against this reader.)"""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(0)
+    d, n, k = 16, 64, 4
+    weights = {"encoder.weight": torch.randn(n, d, generator=g), "encoder.bias": torch.randn(n, generator=g),
+               "W_dec": torch.randn(n, d, generator=g), "b_dec": torch.randn(d, generator=g)}
+    path = tmp_path / "layers.3"
+    path.mkdir()
+    save_file(weights, path / "sae.safetensors")
+    (path / "cfg.json").write_text(json.dumps(dict(d_in=d, k=k, activation=activation, num_latents=n,
+                                                   expansion_factor=4, normalize_decoder=True)))
+    sae = load_sae(path)
+    assert (sae.architecture, sae.layer, sae.k, sae.n) == (activation, 4, k, n)
+    x = torch.randn(7, d, generator=g)
+    pre = torch.relu((x - weights["b_dec"]) @ weights["encoder.weight"].T + weights["encoder.bias"])
+    if activation == "topk":
+        values, indices = pre.topk(k)
+    else:
+        best = pre.unflatten(-1, (k, -1)).max(-1)
+        values, indices = best.values, best.indices + torch.arange(0, n, n // k)
+    latents = torch.zeros(7, n).scatter_(1, indices, values)
+    assert torch.equal(sae.encode(x), latents)
+    assert torch.allclose(sae.decode(latents), latents @ weights["W_dec"] + weights["b_dec"])
+    (path / "cfg.json").write_text(json.dumps(dict(d_in=d, k=k, transcode=True)))
+    with pytest.raises(SAEError, match="transcoder"):
+        load_sae(path)

@@ -1,8 +1,9 @@
-"""Sparse autoencoders (SAEs) on a layer's residual stream, as SAELens saves them: what their latents leak.
+"""Sparse autoencoders (SAEs) on a layer's residual stream, as SAELens and EleutherAI's sparsify save them: what their
+latents leak.
 
 Interpretability work stores an SAE's latents of every position (feature dashboards, activation caches). They are a
-function of the state, f = σ(W_encᵀ(h − b_dec) + b_enc) with σ one of ReLU (SAELens "standard"), TopK, JumpReLU
-or a gated ReLU, so SipIt inverts them like any surface (surfaces.SAETap). It compares a candidate with the leak
+function of the state, f = σ(W_encᵀ(h − b_dec) + b_enc) with σ one of ReLU (SAELens "standard"), TopK, JumpReLU,
+a gated ReLU or sparsify's GroupMax, so SipIt inverts them like any surface (surfaces.SAETap). It compares a candidate with the leak
 through the SAE's own reconstruction, decode(f) = f W_dec + b_dec, which lives in the state's d dimensions: the
 learned policy then calibrates on [·, d] observations (the latents are 4-64x wider), and decoding is linear and
 Lipschitz, so another token whose reconstruction lies farther than ε from the leak's has other latents too.
@@ -14,6 +15,11 @@ blocks.i.hook_resid_pre = layer i, blocks.i.hook_resid_post = layer i + 1 (Trans
 layers.i (a Hugging Face block's output) = layer i + 1. An SAE whose config says its TransformerLens model was loaded
 with center_writing_weights (model_from_pretrained_kwargs; SAELens' GPT-2 residual SAEs) read a centred residual stream
 where the blocks use LayerNorm: SAETap centres the states for it (SAELens trains on unprocessed models by default).
+
+A directory as sparsify's `SparseCoder.save_to_disk` writes it: cfg.json (d_in, k, activation topk or groupmax,
+num_latents) and sae.safetensors (encoder.weight [n, d], encoder.bias [n], W_dec [n, d], b_dec [d]), named after its
+hookpoint (layers.i: layer i + 1). Transcoders and skip connections (an output that is not a function of the latents)
+are refused.
 """
 from __future__ import annotations
 
@@ -28,8 +34,9 @@ from torch import Tensor
 
 from ..io import SipitError
 
-ARCHITECTURES = ("standard", "topk", "jumprelu", "gated")
-WEIGHTS, CONFIG = "sae_weights.safetensors", "cfg.json"
+NEEDS = {"standard": (), "topk": (), "jumprelu": ("threshold",), "gated": ("b_gate", "r_mag", "b_mag")}  # SAELens'
+#         architectures, and the weights each has beyond W_enc, W_dec, b_dec (b_enc: all but gated)
+WEIGHTS, CONFIG, SPARSIFY_WEIGHTS = "sae_weights.safetensors", "cfg.json", "sae.safetensors"
 HOOKS = ((r"blocks\.(\d+)\.hook_resid_pre", 0), (r"blocks\.(\d+)\.hook_resid_post", 1),
          (r"(?:model\.)?layers\.(\d+)", 1))  # (hook name, layer = index + offset)
 
@@ -48,7 +55,7 @@ class SAE:
     b_dec: Tensor  # [d]
     architecture: str = "standard"
     layer: int | None = None  # from the hook name, where it names a residual stream
-    k: int | None = None  # topk
+    k: int | None = None  # topk; groupmax: k groups of n / k latents
     threshold: Tensor | None = None  # jumprelu [n]
     gate: tuple[Tensor, Tensor, Tensor] | None = None  # gated: b_gate, r_mag, b_mag [n]
     apply_b_dec_to_input: bool = True
@@ -81,6 +88,10 @@ class SAE:
             return torch.relu(pre)
         if self.architecture == "jumprelu":
             return torch.relu(pre) * (pre > self.threshold)
+        if self.architecture == "groupmax":  # (sparsify: the largest of each of k groups of consecutive latents)
+            best = torch.relu(pre).unflatten(-1, (self.k, -1)).max(-1)
+            group = self.n // self.k * torch.arange(self.k, device=pre.device)
+            return torch.zeros_like(pre).scatter_(-1, best.indices + group, best.values)
         if self.rescale_by_decoder_norm:
             pre = pre * self.W_dec.norm(dim=-1)
         top = pre.topk(self.k, dim=-1)
@@ -104,7 +115,7 @@ class SAE:
         return h.hexdigest()[:12]
 
     def save(self, path: str | Path) -> Path:
-        """Write it as SAELens does (cfg.json, sae_weights.safetensors)."""
+        """Write it as SAELens does (cfg.json, sae_weights.safetensors; its architectures: not groupmax)."""
         from safetensors.torch import save_file
 
         path = Path(path)
@@ -135,48 +146,75 @@ def hook_layer(hook_name: str) -> int | None:
 
 
 def load_sae(path: str | Path) -> SAE:
-    """An SAE from a SAELens directory (module docstring). Raises SAEError with one clear message."""
+    """An SAE from a SAELens or sparsify directory (module docstring). Raises SAEError with one clear message."""
     from safetensors.torch import load_file
 
     path = Path(path)
-    if not (path / CONFIG).is_file() or not (path / WEIGHTS).is_file():
-        raise SAEError(f"{path}: not an SAE directory (SAELens' {CONFIG} and {WEIGHTS} expected)")
+    weights = next((path / name for name in (WEIGHTS, SPARSIFY_WEIGHTS) if (path / name).is_file()), None)
+    if not (path / CONFIG).is_file() or weights is None:
+        raise SAEError(f"{path}: not an SAE directory (SAELens' {CONFIG} and {WEIGHTS}, or sparsify's {CONFIG} and "
+                       f"{SPARSIFY_WEIGHTS} expected)")
     try:
         cfg = json.loads((path / CONFIG).read_text())
-        w = load_file(path / WEIGHTS)
+        w = {n: t.float() for n, t in load_file(weights).items()}
     except Exception as e:  # (json, safetensors: a corrupt file)
         raise SAEError(f"{path}: unreadable SAE: {e}") from e
+    if weights.name == SPARSIFY_WEIGHTS:
+        return _sparsify(path, cfg, w)
     meta = cfg.get("metadata") or {}
     hook = meta.get("hook_name") or cfg.get("hook_name") or cfg.get("hook_point") or ""
     arch = cfg.get("architecture", "standard")
     kwargs = cfg.get("activation_fn_kwargs") or {}
     if (cfg.get("activation_fn") or cfg.get("activation_fn_str")) == "topk" and arch == "standard":
         arch = "topk"  # (SAELens before 6 saved TopK SAEs as standard ones with a topk activation)
-    if arch not in ARCHITECTURES:
-        raise SAEError(f"{path}: SAE architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+    if arch not in NEEDS:
+        raise SAEError(f"{path}: SAE architecture {arch!r} is not supported (supported: {', '.join(NEEDS)})")
     norm = cfg.get("normalize_activations", "none")
     if norm not in ("none", None):
         raise SAEError(f"{path}: normalize_activations={norm!r}: only SAEs that read the states as they are "
                        "(normalize_activations 'none', or a scaling folded into the weights) are supported")
     if cfg.get("reshape_activations", "none") != "none" or cfg.get("hook_head_index") is not None:
         raise SAEError(f"{path}: this SAE reads attention heads ({hook!r}), not a residual stream")
-    need = {"standard": (), "topk": (), "jumprelu": ("threshold",), "gated": ("b_gate", "r_mag", "b_mag")}[arch]
-    missing = [n for n in ("W_enc", "W_dec", "b_dec", *(() if arch == "gated" else ("b_enc",)), *need) if n not in w]
+    missing = [n for n in ("W_enc", "W_dec", "b_dec", *(() if arch == "gated" else ("b_enc",)), *NEEDS[arch])
+               if n not in w]
     if missing:
         raise SAEError(f"{path}: {WEIGHTS} lacks {', '.join(missing)} (a {arch} SAE)")
-    f = {n: t.float() for n, t in w.items()}
-    d, n = f["W_enc"].shape
-    if f["W_dec"].shape != (n, d) or f["b_dec"].shape != (d,):
-        raise SAEError(f"{path}: W_enc {list(f['W_enc'].shape)}, W_dec {list(f['W_dec'].shape)} and b_dec "
-                       f"{list(f['b_dec'].shape)} do not fit [d, n], [n, d], [d]")
+    n = _check_shapes(path, w["W_enc"], w["W_dec"], w["b_dec"])
     k = cfg.get("k", kwargs.get("k"))
     if arch == "topk" and not (isinstance(k, int) and 1 <= k <= n):
         raise SAEError(f"{path}: a TopK SAE needs an integer k in 1..{n} in {CONFIG}, got {k!r}")
     loaded = meta.get("model_from_pretrained_kwargs") or cfg.get("model_from_pretrained_kwargs") or {}
     transformer_lens = (meta.get("model_class_name") or cfg.get("model_class_name") or "HookedTransformer") == \
         "HookedTransformer" and hook.startswith("blocks.")
-    return SAE(f["W_enc"], f.get("b_enc", torch.zeros(n)), f["W_dec"], f["b_dec"], arch, hook_layer(hook),
-               k if arch == "topk" else None, f.get("threshold"),
-               tuple(f[x] for x in ("b_gate", "r_mag", "b_mag")) if arch == "gated" else None,
+    return SAE(w["W_enc"], w.get("b_enc", torch.zeros(n)), w["W_dec"], w["b_dec"], arch, hook_layer(hook),
+               k if arch == "topk" else None, w.get("threshold"),
+               tuple(w[x] for x in ("b_gate", "r_mag", "b_mag")) if arch == "gated" else None,
                bool(cfg.get("apply_b_dec_to_input", True)), bool(cfg.get("rescale_acts_by_decoder_norm", False)), hook,
                transformer_lens and bool(loaded.get("center_writing_weights", False)))
+
+
+def _check_shapes(path: Path, W_enc: Tensor, W_dec: Tensor, b_dec: Tensor) -> int:
+    """W_enc [d, n], W_dec [n, d], b_dec [d], or one SAEError. -> n"""
+    d, n = W_enc.shape
+    if W_dec.shape != (n, d) or b_dec.shape != (d,):
+        raise SAEError(f"{path}: W_enc {list(W_enc.shape)}, W_dec {list(W_dec.shape)} and b_dec {list(b_dec.shape)} "
+                       "do not fit [d, n], [n, d], [d]")
+    return n
+
+
+def _sparsify(path: Path, cfg: dict, w: dict) -> SAE:
+    """A sparsify SparseCoder (module docstring): relu(encoder(h − b_dec)), then its top k (or the largest of each of k
+    groups), decoded by W_dec + b_dec."""
+    if cfg.get("transcode") or cfg.get("skip_connection") or "W_skip" in w:
+        raise SAEError(f"{path}: a transcoder or an SAE with a skip connection: its output is not a function of its "
+                       "latents alone")
+    missing = [n for n in ("encoder.weight", "encoder.bias", "W_dec", "b_dec") if n not in w]
+    if missing:
+        raise SAEError(f"{path}: {SPARSIFY_WEIGHTS} lacks {', '.join(missing)} (a sparsify SAE)")
+    W_enc = w["encoder.weight"].T.contiguous()  # [d, n]
+    n = _check_shapes(path, W_enc, w["W_dec"], w["b_dec"])
+    arch, k = cfg.get("activation", "topk"), cfg.get("k")
+    if arch not in ("topk", "groupmax") or not (isinstance(k, int) and 1 <= k <= n) or (arch == "groupmax" and n % k):
+        raise SAEError(f"{path}: a sparsify SAE needs activation topk or groupmax and an integer k in 1..{n} (groupmax: "
+                       f"dividing it) in {CONFIG}, got {arch!r} and {k!r}")
+    return SAE(W_enc, w["encoder.bias"], w["W_dec"], w["b_dec"], arch, hook_layer(path.name), k, hook_name=path.name)
