@@ -123,27 +123,39 @@ def test_baselines_refuse_non_state_surfaces(tmp_path, capsys):
 
 
 def test_sae_latents_round_trip_and_a_wrong_sae_fails_clearly(tmp_path, capsys, random_sae):
-    """`--surface sae:DIR` stores a SAELens SAE's latents at the layer its hook reads (metadata: its directory and
-    fingerprint), and `sipit invert` recovers the prompts through its reconstruction, also from latents stored in
-    bfloat16 (ε grows by the rounding through W_dec); another SAE, no SAE or another layer is one clear error."""
+    """`--surface sae:DIR` stores a SAELens SAE's latents at the layer its hook reads, sparse (each position's active
+    latents: sae_values, sae_indices; metadata: the SAE's directory and fingerprint), and `sipit invert` recovers the
+    prompts through its reconstruction, also from values stored in bfloat16 (ε grows by the rounding through W_dec)
+    and from the dense latents [B, T, n]; another SAE, no SAE, another layer, width or ids beyond the SAE's latents
+    are one clear error."""
     sae_dir = random_sae(64, "topk", hook="blocks.1.hook_resid_post").save(tmp_path / "sae")
     for storage in ("fp32", "bf16"):
         out = capture(tmp_path, "--surface", f"sae:{sae_dir}", "--storage", storage, name=f"sae-{storage}.safetensors")
         st = load_states(out)
-        assert st.surface == "sae" and st.layer == 2 and st.prompts[0].shape == (8, 256)
+        assert st.surface == "sae" and st.layer == 2 and st.prompts[0].shape[0] == 8 and st.prompts[0].shape[1] <= 6
+        assert [i.shape for i in st.sae_indices] == [p.shape for p in st.prompts]
         code, io = invert(out, capsys)
         assert code == 0 and io.out.count("-> exact") == 2, io.out
         tol = json.loads(out.with_suffix(".results.summary.json").read_text())["tolerance"]
         assert (tol["observation_error"] > 0) == (storage == "bf16")
+    sparse = tmp_path / "sae-fp32.safetensors"
+    values, ids = load_file(sparse)["sae_values"], load_file(sparse)["sae_indices"].long()
+    dense = torch.zeros(*values.shape[:2], 256).scatter_add_(2, ids, values)
+    out = capture(tmp_path, "--surface", f"sae:{sae_dir}", name="dense.safetensors")
+    rewrite(out, drop=("sae_values", "sae_indices"), sae_features=dense)
+    code, io = invert(out, capsys)
+    assert code == 0 and io.out.count("-> exact") == 2, io.out
     other = random_sae(64, "topk", seed=1, hook="blocks.1.hook_resid_post").save(tmp_path / "other")
     lower = random_sae(64, "topk", hook="blocks.0.hook_resid_post").save(tmp_path / "lower")
-    rewrite(out, sae_features=load_file(out)["sae_features"][..., :-1].contiguous())
-    for args, msg in [(["--sae", str(other)], "another SAE"), (["--sae", str(lower)], "reads layer 1"),
-                      (["--sae", str(tmp_path)], "not an SAE directory")]:
-        code, io = invert(tmp_path / "sae-fp32.safetensors", capsys, *args)
+    wide = capture(tmp_path, "--surface", f"sae:{sae_dir}", name="wide.safetensors")
+    rewrite(wide, sae_indices=(ids + 250).int())
+    narrow = capture(tmp_path, "--surface", f"sae:{sae_dir}", name="narrow.safetensors")
+    rewrite(narrow, drop=("sae_values", "sae_indices"), sae_features=dense[..., :-1].contiguous())
+    for path, args, msg in [(sparse, ["--sae", str(other)], "another SAE"), (sparse, ["--sae", str(lower)], "reads layer 1"),
+                            (sparse, ["--sae", str(tmp_path)], "not an SAE directory"), (wide, [], "latent ids reach"),
+                            (narrow, [], "latents per position")]:
+        code, io = invert(path, capsys, *args)
         assert code == 2 and msg in io.err and io.err.count("\n") == 1 and "recovered" not in io.out
-    code, io = invert(out, capsys)
-    assert code == 2 and "latents per position" in io.err
     assert main(["capture", "--model", "tiny-llama", "--text", "ab", "--surface", f"sae:{sae_dir}", "--layer", "3",
                  "-o", str(tmp_path / "o.safetensors")]) == 2
     assert "reads layer 2" in capsys.readouterr().err and not (tmp_path / "o.safetensors").exists()

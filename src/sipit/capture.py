@@ -91,8 +91,11 @@ def capture_surface(lm: LM, prompts: list[list[int]], spec: SurfaceSpec, layer: 
         if sae.layer is not None and sae.layer != layer:
             raise SipitError(f"the SAE reads layer {sae.layer} ({sae.hook_name}), not layer {layer}")
         tap = SAETap(lm, layer, sae, final_norm)
-        latents = [tap.latents(s).cpu() for s in capture(lm, prompts, layer, final_norm, batch_size)]
-        return {"sae_features": pad(latents)}, {"sae": spec.sae, "sae_digest": sae.digest}
+        latents = [tap.latents(s).cpu() for s in capture(lm, prompts, layer, final_norm, batch_size)]  # [T_i, n]
+        m = max(1, max(int((f != 0).sum(-1).max()) for f in latents))  # stored sparse: each position's m largest
+        top = [f.abs().topk(m, dim=-1).indices for f in latents]
+        return ({"sae_values": pad([f.gather(-1, i) for f, i in zip(latents, top)]), "sae_indices": pad(top).int()},
+                {"sae": spec.sae, "sae_digest": sae.digest, "sae_latents": str(sae.n)})
     if spec.kind in ("states", "projection", "permuted"):
         states = capture(lm, prompts, layer, final_norm, batch_size)
         if spec.kind == "states":
@@ -195,16 +198,22 @@ def open_surface(lm: LM, st, layer: int, final_norm: bool, sae: str | None = Non
 
 
 def _open_sae(lm: LM, st, layer: int, final_norm: bool, path: str | None, latents: list[Tensor]):
-    """open_surface of an SAE's latents [T_i, n]: the SAETap and the latents decoded, [T_i, d]. A stored rounding of
-    the latents (relative e, as storage_error bounds it, or the dtype's) moves a reconstruction by at most
-    σ_max(W_dec)·e·‖f‖, relative to ‖decode(f)‖: the error added to ε."""
+    """open_surface of an SAE's latents [T_i, n] (or their values [T_i, m] at st.sae_indices): the SAETap and the
+    latents decoded, [T_i, d]. A stored rounding of the latents (relative e, as storage_error bounds it, or the
+    dtype's) moves a reconstruction by at most σ_max(W_dec)·e·‖f‖, relative to ‖decode(f)‖: the error added to ε."""
     from .invert.verify import UNIT_ROUNDOFF
     from .models.sae import load_sae
     from .models.surfaces import SAETap
 
     if not path:
-        raise SipitError("an SAE latents file needs its SAE: give --sae DIR (a SAELens directory)")
+        raise SipitError("an SAE latents file needs its SAE: give --sae DIR (a SAELens or sparsify directory)")
     sae = load_sae(path)
+    stored = latents[0].dtype
+    if st.sae_indices is not None:  # stored sparse: each position's active latents (ids, values), zero-padded
+        if max(int(i.max()) for i in st.sae_indices) >= sae.n:
+            raise SipitError(f"the file's latent ids reach {max(int(i.max()) for i in st.sae_indices)}, the SAE in "
+                             f"{path} has {sae.n} latents")
+        latents = [torch.zeros(len(v), sae.n).scatter_add_(1, i, v.float().cpu()) for v, i in zip(latents, st.sae_indices)]
     if latents[0].shape[-1] != sae.n:
         raise SipitError(f"the file has {latents[0].shape[-1]} latents per position, the SAE in {path} has {sae.n}")
     if st.meta.get("sae_digest") not in (None, sae.digest):
@@ -215,7 +224,7 @@ def _open_sae(lm: LM, st, layer: int, final_norm: bool, path: str | None, latent
     tap = SAETap(lm, layer, sae, final_norm)
     decoded = [tap.sae.decode(f.to(lm.device)) for f in latents]
     rounding = st.error if st.error is not None else (
-        0.0 if latents[0].dtype == torch.float32 else UNIT_ROUNDOFF.get(latents[0].dtype, 2.0 ** -8))
+        0.0 if stored == torch.float32 else UNIT_ROUNDOFF.get(stored, 2.0 ** -8))
     gain = float(torch.linalg.matrix_norm(sae.W_dec.double(), ord=2)) * max(
         float((f.double().norm(dim=-1) / h.double().norm(dim=-1).clamp_min(1e-30)).max()) for f, h in zip(latents, decoded))
     return tap, decoded, rounding * gain

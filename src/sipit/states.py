@@ -13,8 +13,9 @@ batched file have different lengths: positions past a prompt's length are paddin
     projection  projected [B, T, k] or [T, k] + projection [k, d]  states @ Pᵀ
     permuted    hidden_states [B, T, d] or [T, d], hidden dimensions   the state, π recovered from the
                 permuted by one unknown π                      first positions; else sort(state)
-    sae         sae_features [B, T, n] or [T, n] (metadata sae:      the SAE's reconstruction of them
-                its SAELens directory, sae_digest)
+    sae         sae_values and sae_indices [B, T, m] (each position's  the SAE's reconstruction of them
+                active latents, zero-padded), or dense sae_features
+                [B, T, n] (metadata sae: its directory, sae_digest)
 
 Any observation tensor may be stored in low precision (storage.py: metadata `storage`, codes in
 NAME, scales in NAME.scale); its ε then comes from the format. `.npy` (no pickles) and `.pt`
@@ -35,7 +36,7 @@ from .io import SipitError, atomic_write
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 SURFACE_TENSORS = {"states": ("hidden_states",), "kv": ("keys", "values"), "logits": ("logits",),
                    "logprobs": ("logprobs",), "projection": ("projected",),
-                   "permuted": ("hidden_states",), "sae": ("sae_features",)}
+                   "permuted": ("hidden_states",), "sae": ("sae_values", "sae_features")}
 
 
 class StatesError(SipitError):
@@ -58,6 +59,7 @@ class States:
     part: str | None = None  # kv: keys | values | both
     kv_heads: tuple[int, int] | None = None  # kv: (n_kv_heads, head_dim) as stored
     projection: Tensor | None = None  # projection: P [k, d]
+    sae_indices: list[Tensor] | None = None  # sae, stored sparse: per prompt [T_i, m], the latents of prompts' values
     error: float | None = None  # relative rounding error of a low-precision storage format (storage.py)
 
     @property
@@ -95,7 +97,7 @@ def save_surface(path: str | Path, tensors: dict[str, Tensor], lengths: list[int
 
     out = {}
     for name, x in tensors.items():
-        if name == "projection" or (storage == "fp32" and x.dtype != torch.float32):
+        if name == "projection" or not x.is_floating_point() or (storage == "fp32" and x.dtype != torch.float32):
             out[name] = x.contiguous()
             continue
         q = quantize(x, storage)
@@ -229,8 +231,15 @@ def _observations(path: Path, surface: str, tensors: dict, meta: dict):
                                                               got.get("values", (None, None))[1], part)
         heads = got[need[0]][0].shape
         return x, bound, dict(part=part, kv_heads=(heads[1], heads[3]))
-    name = SURFACE_TENSORS[surface][0]
+    name = next(n for n in SURFACE_TENSORS[surface] if n in tensors)
     x, bound = _stored(path, tensors, name, meta, (2, 3), f"[T, k] or [B, T, k] ({name})")
+    if name == "sae_values":
+        idx = tensors.get("sae_indices")
+        idx = idx[None] if idx is not None and idx.dim() == 2 else idx  # (batched, as x is)
+        if idx is None or idx.is_floating_point() or idx.shape != x.shape or int(idx.min()) < 0:
+            raise StatesError(f"{path}: sae_values {list(x.shape)} need integer sae_indices of the same shape "
+                              f"(the active latents' ids), found {None if idx is None else list(idx.shape)}")
+        return x, bound, dict(sae_indices=idx.long())
     if surface != "projection":
         return x, bound, {}
     if "projection" not in tensors:
@@ -261,6 +270,8 @@ def _validate(path: Path, tensors: dict, meta: dict) -> States:
     # the observations themselves (size, NaN) are checked where they are inverted (invert.as_prompts,
     # and per prompt in the loop: one non-finite prompt fails, the others are still recovered)
     prompts = [x[i, :n] for i, n in enumerate(lengths)]
+    if "sae_indices" in extra:
+        extra["sae_indices"] = [extra["sae_indices"][i, :n] for i, n in enumerate(lengths)]
     error = None
     if bound is not None:
         error = max(storage_error(p, bound[i, :len(p)]) for i, p in enumerate(prompts))
