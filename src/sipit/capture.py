@@ -19,7 +19,7 @@ from .io import SipitError
 from .models import LM, LayerTap
 
 SURFACES_HELP = ("states | kv[:keys|values|both] | logits | logprobs | projection:K[:gaussian|pca|coords] | permuted | "
-                 "sae:DIR (a SAELens SAE's latents)")
+                 "sae:DIR (an SAE's latents: a SAELens or sparsify directory)")
 
 
 @torch.no_grad()

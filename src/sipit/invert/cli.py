@@ -263,7 +263,7 @@ def add_invert_parser(sub) -> None:
     s.add_argument("--model", default=None, help="default: the file's metadata")
     s.add_argument("--layer", type=int, default=None, help="default: the file's metadata")
     s.add_argument("--sae", default=None, metavar="DIR",
-                   help="an SAE latents file's SAE (a SAELens directory; default: the file's metadata)")
+                   help="an SAE latents file's SAE (a SAELens or sparsify directory; default: the file's metadata)")
     s.add_argument("--final-norm", default=None, action=argparse.BooleanOptionalAction,
                    help="states are after the final norm (default: the file's metadata, else no)")
     s.add_argument("--policy", default="learned",
