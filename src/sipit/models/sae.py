@@ -26,7 +26,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -72,9 +73,12 @@ class SAE:
         return self.W_enc.shape[1]
 
     def to(self, device) -> "SAE":
-        moved = {name: getattr(self, name).to(device) for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
-        return SAE(**{**self.__dict__, **moved, "threshold": None if self.threshold is None else self.threshold.to(device),
-                      "gate": None if self.gate is None else tuple(g.to(device) for g in self.gate)})
+        def move(t):
+            return None if t is None else t.to(device)
+
+        return replace(self, W_enc=move(self.W_enc), b_enc=move(self.b_enc), W_dec=move(self.W_dec),
+                       b_dec=move(self.b_dec), threshold=move(self.threshold),
+                       gate=None if self.gate is None else tuple(map(move, self.gate)))
 
     def encode(self, h: Tensor) -> Tensor:
         """States h [..., d] (any float dtype) -> latents [..., n] float32, as SAELens' encode."""
@@ -104,9 +108,10 @@ class SAE:
             f = f / self.W_dec.norm(dim=-1)
         return f @ self.W_dec + self.b_dec
 
-    @property
+    @cached_property
     def digest(self) -> str:
-        """A fingerprint of the weights and activation (what a file's latents were made with)."""
+        """A fingerprint of the weights and activation (what a file's latents were made with); once per SAE (a wide
+        one's weights are gigabytes)."""
         h = hashlib.sha256(repr((self.architecture, self.k, self.apply_b_dec_to_input, self.rescale_by_decoder_norm,
                                  self.centred_on_layernorm)).encode())
         for t in (self.W_enc, self.b_enc, self.W_dec, self.b_dec, self.threshold, *(self.gate or ())):
