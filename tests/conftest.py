@@ -83,8 +83,8 @@ LAYOUTS = {  # Hugging Face decoders laid out unlike Llama: their blocks below t
                                  hybrid_override_pattern="ME*", **NEMOTRON_H),
     "granitemoehybrid": dict(num_key_value_heads=2, mamba_n_heads=4, mamba_d_head=16, mamba_chunk_size=16,
                              layer_types=["mamba", "mamba", "attention"], pad_token_id=0),
-    # Zamba2: its hybrid blocks run one shared attention block (tied weights, adapters of their own; an attention
-    # twice as wide as the embedding, which it reads beside the first one), then a Mamba-2 block
+    # Zamba2: its hybrid blocks run one shared attention block (tied weights, adapters of their own; it reads the
+    # hidden state beside the token embeddings, so its heads span 2d), then a Mamba-2 block
     "zamba2": dict(num_key_value_heads=4, head_dim=16, mamba_headdim=16, n_mamba_heads=4, chunk_size=16,
                    layers_block_type=["hybrid", "mamba", "hybrid"], num_mem_blocks=1, use_shared_attention_adapter=True,
                    adapter_rank=4, pad_token_id=0),
