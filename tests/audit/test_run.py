@@ -247,3 +247,26 @@ def _quantize_heads(x):
     """[B, H, T, hd] quantized to int4 per position row of H·hd numbers (the leaked layout)."""
     B, H, T, hd = x.shape
     return quantize_rows(x.transpose(1, 2).reshape(B, T, H * hd), "int4").reshape(B, T, H, hd).transpose(1, 2)
+
+
+def test_an_sae_latents_surface_audits_its_layer_under_storage_formats(tmp_path, random_sae):
+    """--surface sae:DIR audits the layer the SAE's hook reads (1-based 2 here) under storage formats of its latents
+    (the default defences for it: noise on sparse latents is not modelled, and asking for it is one clear error), with
+    no utility cost (the model never reads them); undefended, every prompt is recovered exactly."""
+    from sipit.audit.run import SAE_DEFENSES
+
+    lm = load_model("tiny-llama")
+    sae = random_sae(lm.d_model, "topk").save(tmp_path / "sae")
+    cfg = AuditConfig(**{**CFG, "surface": f"sae:{sae}", "layers": "default", "defenses": AuditConfig.defenses})
+    report = run(lm, cfg, tmp_path / "out", progress=False)
+    assert report["surface"] == "sae:sae" and report["layers_audited"] == [2]
+    assert report["defenses"] == SAE_DEFENSES.replace("quant:int8,int4,fp8", "quant:int8,quant:int4,quant:fp8").split(",")
+    cells = {c["defense"]: c for c in report["cells"]}
+    assert cells["none"]["attack"]["exact_rate"] == 1.0 and all(c["utility"] is None for c in cells.values())
+    assert report["layers"]["2"]["observed_through"].startswith("sae:") and "latents of the SAE" in \
+        report["layers"]["2"]["leaks"]
+    for options, message in [(dict(defenses="none,noise:0.1"), "not a defence this audit models"),
+                             (dict(layers="1"), "reads layer 2")]:
+        with pytest.raises(SipitError, match=message):
+            run(lm, AuditConfig(**{**cfg.__dict__, **options}), tmp_path / "bad", progress=False)
+    assert not (tmp_path / "bad").exists()

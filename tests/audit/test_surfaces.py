@@ -81,3 +81,18 @@ def test_defences_that_do_not_apply_to_a_surface(lm, monkeypatch):
     check_defenses(lm, logits, [Defense("none")])
     with pytest.raises(SipitError, match="soft-caps its logits"):
         check_defenses(lm, logits, [Defense("none"), Defense("quant", "int8")])
+
+
+def test_sae_latents_are_observed_through_the_reconstruction_and_bounded(lm, tmp_path, random_sae):
+    """The SAE surface leaks latents [T, n]; observed, they are the tap's reconstruction, and a storage format's
+    rounding of them moves the reconstruction by no more than error_bound says (through σ_max(W_dec))."""
+    s = make_surface(lm, parse_surface(lm, f"sae:{random_sae(lm.d_model, 'topk').save(tmp_path / 'sae')}", [2]), 2, IDS)
+    leaked = s.leak(IDS[0])
+    obs = s.tap.states(torch.tensor(IDS[0]))
+    assert leaked.shape == (len(IDS[0]), 4 * lm.d_model) and ((leaked > 0).sum(-1) <= 6).all()
+    assert torch.allclose(s.observe(leaked), obs, atol=1e-5 * float(obs.abs().max()))
+    for fmt in ("int4", "fp8"):
+        stored = quantize_rows(leaked, fmt)
+        y, y_stored = s.observe(leaked).double(), s.observe(stored).double()
+        err = (y_stored - y).norm(dim=-1) / y_stored.norm(dim=-1)
+        assert (err > 0).all() and (err <= s.error_bound(stored, fmt)).all()

@@ -163,8 +163,8 @@ def next_token(lm: LM, ids: Tensor, logits: Tensor | None = None) -> tuple[float
 def utility(lm: LM, surface: Surface, defense: Defense, ids: Tensor, clean: tuple[float, Tensor],
             seed: int = 0) -> dict | None:
     """The defence applied where the model reads the surface (surface.edit; logits: the logits of
-    held-out ids [B, T] themselves). None for a projection: the model never reads one."""
-    if surface.kind == "projection":
+    held-out ids [B, T] themselves). None for a projection or an SAE's latents: the model never reads them."""
+    if surface.kind in ("projection", "sae"):
         return None
     ce0, top0 = clean
     if surface.kind == "logits":

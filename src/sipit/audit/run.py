@@ -24,6 +24,7 @@ from ..corpora import sample
 from ..invert.robust import RobustConfig
 from ..io import SipitError, read_json, write_json
 from ..models import LM
+from ..models.sae import load_sae
 from . import measure
 from .defenses import Defense, parse_defenses
 from .surfaces import check_defenses, make_surface, parse_surface, spec_name
@@ -31,13 +32,14 @@ from .surfaces import check_defenses, make_surface, parse_surface, spec_name
 # the default: a noise sweep and the commonest storage format; fp8 and int4 on request (each costs a
 # quarter of the default run at SmolLM2's deep layers, mostly certifying position 0 under their large ε)
 DEFAULT_DEFENSES = "none,noise:0.001,0.01,0.03,0.1,0.3,1,3,10,quant:int8"
+SAE_DEFENSES = "none,quant:int8,int4,fp8"  # an SAE's latents: storage formats (surfaces.check_defenses)
 
 
 @dataclass
 class AuditConfig:
     model: str = "smollm2"
     layers: str = "default"  # 'default' (1, L/2, L), 'all' or '1,8,15'
-    surface: str = "states"  # states | kv[:keys|values|both] | logits | projection:K[:gaussian|pca|coords]
+    surface: str = "states"  # states | kv[:keys|values|both] | logits | projection:K[:gaussian|pca|coords] | sae:DIR
     defenses: str = DEFAULT_DEFENSES
     prompts: str = "prose:8,code:2"  # corpus spec NAME:N,... or a .txt file (one prompt per line)
     length: int = 20  # tokens per corpus prompt
@@ -67,10 +69,18 @@ def resolve(lm: LM, cfg: AuditConfig) -> tuple[list[int], SurfaceSpec, list[Defe
     if cfg.policy not in POLICIES:
         raise SipitError(f"unknown policy {cfg.policy!r}: use one of {', '.join(POLICIES)}")
     L = lm.n_layers
-    logits = cfg.surface.split(":")[0] == "logits"  # one layer: the last
-    layers = ([L] if logits else sorted({1, L // 2, L})) if cfg.layers == "default" else parse_layers(cfg.layers, lm)
+    kind = cfg.surface.split(":")[0]
+    if cfg.layers != "default":
+        layers = parse_layers(cfg.layers, lm)
+    elif kind == "sae":  # the layer its hook reads
+        layers = [load_sae(SurfaceSpec.parse(cfg.surface).sae).layer]
+        if layers[0] is None:
+            raise SipitError("the SAE's hook names no residual-stream layer: give --layers")
+    else:
+        layers = [L] if kind == "logits" else sorted({1, L // 2, L})  # logits: one layer, the last
     spec = parse_surface(lm, cfg.surface, layers)
-    defenses = parse_defenses(cfg.defenses, lm.d_model)
+    defaults = kind == "sae" and cfg.defenses == DEFAULT_DEFENSES  # (no noise on an SAE's latents)
+    defenses = parse_defenses(SAE_DEFENSES if defaults else cfg.defenses, lm.d_model)
     check_defenses(lm, spec, defenses)
     return layers, spec, defenses
 

@@ -16,11 +16,15 @@ logits              every position's logits z [T, V] (layer L). With W = QR (W [
                     collisions are exact logit-space numbers computed with d numbers per position.
 projection:k[:kind] states @ Pᵀ with a known P [k, d] (gaussian, coords, or pca fitted on the attacked
                     prompts' states at ℓ) through ProjectedTap.
+sae:DIR             an SAE's latents [T, n] of the states at the layer its hook reads (models/sae.py), compared
+                    through its reconstruction (SAETap); defended by storage formats only (dense noise on sparse
+                    latents is not a defence modelled here), and the model never reads them (no utility cost).
 """
 from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -30,24 +34,29 @@ from ..invert.robust import add_noise
 from ..io import SipitError
 from ..models import LM, LayerTap
 from ..models.edit import edit_kv, edit_layer
-from ..models.surfaces import KVTap, ProjectedTap, logit_softcap, random_projection
+from ..models.sae import load_sae
+from ..models.surfaces import KVTap, ProjectedTap, SAETap, logit_softcap, random_projection
 from .defenses import Defense, projection, quant_error_bound
 
-SURFACES = ("states", "kv", "logits", "projection")
-SURFACES_HELP = "states | kv[:keys|values|both] | logits | projection:K[:gaussian|pca|coords]"
+SURFACES = ("states", "kv", "logits", "projection", "sae")
+SURFACES_HELP = "states | kv[:keys|values|both] | logits | projection:K[:gaussian|pca|coords] | sae:DIR"
 
 LEAKS = dict(states="the residual stream after block {layer} (every position)",
              kv="block {layer}'s KV cache ({part}, HF past_key_values.layers[{layer} - 1], keys after rotary)",
              logits="the logits of every position (all V entries)",
              projection="the states after block {layer} projected to {k} dimensions ({projection} P, known to the "
-                        "attacker)")
+                        "attacker)",
+             sae="the latents of the SAE in {sae} ({n} latents, {architecture}) of the states after block {layer} "
+                 "(compared through its reconstruction: margins and ρ are of the reconstruction)")
 UTILITY = dict(states="the defence applied to the residual stream at that layer, the forward pass continued",
                kv="the defence applied to block ℓ's new keys/values (what the cache stores and attention reads), "
                   "the forward pass continued",
                logits="the defence applied to the logits themselves (next-token cross-entropy of the defended "
                       "logits)",
                projection="not measured: a projection of stored states is not a forward-pass intervention (the "
-                          "model never reads it)")
+                          "model never reads it)",
+               sae="not measured: the model never reads an SAE's latents (a defence on stored latents costs it "
+                   "nothing)")
 
 
 def parse_surface(lm: LM, text: str, layers: list[int]) -> SurfaceSpec:
@@ -62,12 +71,16 @@ def parse_surface(lm: LM, text: str, layers: list[int]) -> SurfaceSpec:
         raise SipitError(f"the logits surface is at the last layer only: use --layers default or {lm.depth}")
     if spec.kind == "projection" and spec.k > lm.d_model:
         raise SipitError(f"surface {text!r}: k={spec.k} exceeds the model's d_model={lm.d_model}")
+    if spec.kind == "sae" and (len(layers) > 1 or load_sae(spec.sae).layer not in (None, layers[0])):
+        raise SipitError(f"the SAE in {spec.sae} reads layer {load_sae(spec.sae).layer}: audit that layer alone "
+                         "(--layers default)")
     return spec
 
 
 def spec_name(spec: SurfaceSpec) -> str:
-    """The canonical name: states, kv:both, logits, projection:16:gaussian."""
-    return {"kv": f"kv:{spec.part}", "projection": f"projection:{spec.k}:{spec.projection}"}.get(spec.kind, spec.kind)
+    """The canonical name: states, kv:both, logits, projection:16:gaussian, sae:DIRNAME."""
+    return {"kv": f"kv:{spec.part}", "projection": f"projection:{spec.k}:{spec.projection}",
+            "sae": f"sae:{Path(spec.sae).name}"}.get(spec.kind, spec.kind)
 
 
 @dataclass
@@ -101,6 +114,8 @@ class Surface:
     def leak(self, ids: list[int]) -> Tensor:
         """ids [T] -> what leaks [T, n] (logits: [T, V] as model(ids).logits)."""
         x = torch.tensor(ids, device=self.lm.device)
+        if self.kind == "sae":
+            return self.tap.latents(LayerTap(self.lm, self.layer).states(x))
         return self.lm.logits(x[None])[0] if self.kind == "logits" else self.tap.states(x)
 
     def defend(self, defense: Defense, leaked: Tensor, seed: int = 0) -> Tensor:
@@ -109,7 +124,9 @@ class Surface:
         return torch.cat([defense.observe(x, seed + i) for i, x in enumerate(parts)], -1)
 
     def observe(self, stored: Tensor) -> Tensor:
-        """What leaked [..., T, n] -> the tap's observation [..., T, tap.dim] (identity but for logits)."""
+        """What leaked [..., T, n] -> the tap's observation [..., T, tap.dim] (identity but for logits and SAEs)."""
+        if self.kind == "sae":
+            return self.tap.sae.decode(stored)
         if self.kind != "logits":
             return stored
         z = stored.double().cpu() - (0 if self.bias is None else self.bias)
@@ -118,10 +135,12 @@ class Surface:
     def error_bound(self, stored: Tensor, fmt: str) -> Tensor:
         """Worst-case relative error of observe(stored) [T, n] in the tap's space, per position -> [T]:
         the format's bound per part (the max bounds the whole row); for logits the error ‖z − z̃‖ ≤
-        bound·‖z̃‖ of the stored logits, which Qᵀ cannot enlarge, relative to ‖ỹ‖."""
+        bound·‖z̃‖ of the stored logits, which Qᵀ cannot enlarge, relative to ‖ỹ‖; for an SAE's latents that
+        error through W_dec, at most σ_max(W_dec) times it."""
         bound = torch.stack([quant_error_bound(x, fmt) for x in stored.chunk(self.parts, -1)]).amax(0).cpu()
-        if self.kind == "logits":
-            bound = bound * stored.double().norm(dim=-1).cpu() / self.observe(stored).double().norm(dim=-1).cpu()
+        if self.kind in ("logits", "sae"):
+            gain = float(torch.linalg.matrix_norm(self.tap.sae.W_dec.double(), ord=2)) if self.kind == "sae" else 1.0
+            bound = bound * gain * stored.double().norm(dim=-1).cpu() / self.observe(stored).double().norm(dim=-1).cpu()
         return bound
 
     def noise(self, clean: Tensor, sigma: float, generator: torch.Generator | None = None) -> Tensor:
@@ -177,11 +196,18 @@ def make_surface(lm: LM, spec: SurfaceSpec, layer: int, prompts: list[list[int]]
         bias = None if getattr(head, "bias", None) is None else head.bias.double().cpu()
         tap = ProjectedTap(lm, lm.layer_index(-1), R.float(), final_norm=True)
         return Surface(name, "logits", lm, tap, LEAKS["logits"], Q=Q, bias=bias)
+    if spec.kind == "sae":
+        tap = SAETap(lm, layer, load_sae(spec.sae))
+        return Surface(name, "sae", lm, tap, LEAKS["sae"].format(sae=spec.sae, n=tap.sae.n, layer=layer,
+                                                                  architecture=tap.sae.architecture))
     return Surface(name, "states", lm, LayerTap(lm, layer), LEAKS["states"].format(layer=layer))
 
 
 def check_defenses(lm: LM, spec: SurfaceSpec, defenses: list[Defense]) -> None:
     """Defences that do not apply to the surface: one SipitError with the reason."""
+    if spec.kind == "sae" and any(d.family == "noise" for d in defenses):
+        raise SipitError("noise on an SAE's latents (dense noise on sparse codes) is not a defence this audit models: "
+                         "use --defenses none,quant:int8,int4,fp8 (storage formats)")
     if spec.kind != "states" and any(d.family == "project" for d in defenses):
         raise SipitError(f"defence project:k keeps k directions of the residual stream: it applies to --surface "
                          f"states only, not {spec.kind} (for a projection leak use --surface projection:K)")
