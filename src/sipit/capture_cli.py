@@ -47,9 +47,9 @@ def cmd_capture(args):
     spec = SurfaceSpec.parse(args.surface)
     lm = load_model(args.model, precision=args.precision, device=args.device)
     if args.layer is None and spec.kind == "sae":  # the layer the SAE's hook reads
-        from .models.sae import load_sae
+        from .models.sae import sae_layer
 
-        args.layer = load_sae(spec.sae).layer
+        args.layer = sae_layer(spec.sae)
     if args.layer is None and spec.kind not in ("logits", "logprobs"):
         raise SipitError(f"--surface {args.surface} needs --layer")
     layer = lm.layer_index(-1 if spec.kind in ("logits", "logprobs") else args.layer)

@@ -6,7 +6,7 @@ import torch
 
 from sipit.invert import InvertConfig, invert
 from sipit.models import LayerTap
-from sipit.models.sae import SAEError, hook_layer, load_sae
+from sipit.models.sae import SAEError, hook_layer, load_sae, sae_layer
 from sipit.models.surfaces import SAETap
 
 
@@ -41,7 +41,7 @@ def test_hook_names_and_older_saelens_configs(random_sae, tmp_path):
                hook_point="blocks.2.hook_resid_pre", apply_b_dec_to_input=cfg["apply_b_dec_to_input"])
     (path / "cfg.json").write_text(json.dumps(cfg))
     sae = load_sae(path)
-    assert (sae.architecture, sae.k, sae.layer) == ("topk", 6, 2)
+    assert (sae.architecture, sae.k, sae.layer) == ("topk", 6, 2) and sae_layer(path) == 2  # (from cfg.json alone)
 
 
 def test_sae_directories_sipit_cannot_use_are_one_clear_error(random_sae, tmp_path):
@@ -129,7 +129,7 @@ def test_a_sparsify_directory_loads_with_its_hookpoint_layer(tmp_path, activatio
     (path / "cfg.json").write_text(json.dumps(dict(d_in=d, k=k, activation=activation, num_latents=n,
                                                    expansion_factor=4, normalize_decoder=True)))
     sae = load_sae(path)
-    assert (sae.architecture, sae.layer, sae.k, sae.n) == (activation, 4, k, n)
+    assert (sae.architecture, sae.layer, sae.k, sae.n) == (activation, 4, k, n) and sae_layer(path) == 4
     x = torch.randn(7, d, generator=g)
     pre = torch.relu((x - weights["b_dec"]) @ weights["encoder.weight"].T + weights["encoder.bias"])
     if activation == "topk":

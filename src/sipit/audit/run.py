@@ -24,7 +24,7 @@ from ..corpora import sample
 from ..invert.robust import RobustConfig
 from ..io import SipitError, read_json, write_json
 from ..models import LM
-from ..models.sae import load_sae
+from ..models.sae import sae_layer
 from . import measure
 from .defenses import Defense, parse_defenses
 from .surfaces import check_defenses, make_surface, parse_surface, spec_name
@@ -73,7 +73,7 @@ def resolve(lm: LM, cfg: AuditConfig) -> tuple[list[int], SurfaceSpec, list[Defe
     if cfg.layers != "default":
         layers = parse_layers(cfg.layers, lm)
     elif kind == "sae":  # the layer its hook reads
-        layers = [load_sae(SurfaceSpec.parse(cfg.surface).sae).layer]
+        layers = [sae_layer(SurfaceSpec.parse(cfg.surface).sae)]
         if layers[0] is None:
             raise SipitError("the SAE's hook names no residual-stream layer: give --layers")
     else:

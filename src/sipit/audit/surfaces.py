@@ -34,7 +34,7 @@ from ..invert.robust import add_noise
 from ..io import SipitError
 from ..models import LM, LayerTap
 from ..models.edit import edit_kv, edit_layer
-from ..models.sae import load_sae
+from ..models.sae import load_sae, sae_layer
 from ..models.surfaces import KVTap, ProjectedTap, SAETap, logit_softcap, random_projection
 from .defenses import Defense, projection, quant_error_bound
 
@@ -71,8 +71,8 @@ def parse_surface(lm: LM, text: str, layers: list[int]) -> SurfaceSpec:
         raise SipitError(f"the logits surface is at the last layer only: use --layers default or {lm.depth}")
     if spec.kind == "projection" and spec.k > lm.d_model:
         raise SipitError(f"surface {text!r}: k={spec.k} exceeds the model's d_model={lm.d_model}")
-    if spec.kind == "sae" and (len(layers) > 1 or load_sae(spec.sae).layer not in (None, layers[0])):
-        raise SipitError(f"the SAE in {spec.sae} reads layer {load_sae(spec.sae).layer}: audit that layer alone "
+    if spec.kind == "sae" and (len(layers) > 1 or sae_layer(spec.sae) not in (None, layers[0])):
+        raise SipitError(f"the SAE in {spec.sae} reads layer {sae_layer(spec.sae)}: audit that layer alone "
                          "(--layers default)")
     return spec
 

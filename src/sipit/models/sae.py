@@ -150,6 +150,25 @@ def hook_layer(hook_name: str) -> int | None:
     return None
 
 
+def sae_layer(path: str | Path) -> int | None:
+    """The layer an SAE directory's hook reads, from its config alone (a wide SAE's weights are gigabytes); an
+    unusable directory raises load_sae's SAEError."""
+    path = Path(path)
+    try:
+        if (path / WEIGHTS).is_file():
+            return hook_layer(_hook_name(json.loads((path / CONFIG).read_text())))
+        if (path / SPARSIFY_WEIGHTS).is_file() and (path / CONFIG).is_file():
+            return hook_layer(path.name)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return load_sae(path).layer
+
+
+def _hook_name(cfg: dict) -> str:
+    """A SAELens config's hook: metadata.hook_name (6), hook_name or hook_point (before)."""
+    return (cfg.get("metadata") or {}).get("hook_name") or cfg.get("hook_name") or cfg.get("hook_point") or ""
+
+
 def load_sae(path: str | Path) -> SAE:
     """An SAE from a SAELens or sparsify directory (module docstring). Raises SAEError with one clear message."""
     from safetensors.torch import load_file
@@ -167,7 +186,7 @@ def load_sae(path: str | Path) -> SAE:
     if weights.name == SPARSIFY_WEIGHTS:
         return _sparsify(path, cfg, w)
     meta = cfg.get("metadata") or {}
-    hook = meta.get("hook_name") or cfg.get("hook_name") or cfg.get("hook_point") or ""
+    hook = _hook_name(cfg)
     arch = cfg.get("architecture", "standard")
     kwargs = cfg.get("activation_fn_kwargs") or {}
     if (cfg.get("activation_fn") or cfg.get("activation_fn_str")) == "topk" and arch == "standard":
