@@ -199,8 +199,9 @@ def open_surface(lm: LM, st, layer: int, final_norm: bool, sae: str | None = Non
 
 def _open_sae(lm: LM, st, layer: int, final_norm: bool, path: str | None, latents: list[Tensor]):
     """open_surface of an SAE's latents [T_i, n] (or their values [T_i, m] at st.sae_indices): the SAETap and the
-    latents decoded, [T_i, d]. A stored rounding of the latents (relative e, as storage_error bounds it, or the
-    dtype's) moves a reconstruction by at most σ_max(W_dec)·e·‖f‖, relative to ‖decode(f)‖: the error added to ε."""
+    latents decoded, [T_i, d]. A storage format's rounding of the latents (st.sae_bounds, elementwise; a float16 or
+    bfloat16 file's, relative) moves each reconstruction by at most SAE.reconstruction_error, relative to it: the
+    error added to ε (a sparse file lists every active latent: its absent ones are exact zeros)."""
     from .invert.verify import UNIT_ROUNDOFF
     from .models.sae import load_sae
     from .models.surfaces import SAETap
@@ -208,12 +209,19 @@ def _open_sae(lm: LM, st, layer: int, final_norm: bool, path: str | None, latent
     if not path:
         raise SipitError("an SAE latents file needs its SAE: give --sae DIR (a SAELens or sparsify directory)")
     sae = load_sae(path)
-    stored = latents[0].dtype
+    dtype = latents[0].dtype
+    bounds = st.sae_bounds
+    if bounds is None and dtype != torch.float32:  # (a float16 or bfloat16 file without a storage format)
+        bounds = [f.abs().float() * UNIT_ROUNDOFF.get(dtype, 2.0 ** -8) for f in latents]
     if st.sae_indices is not None:  # stored sparse: each position's active latents (ids, values), zero-padded
         if max(int(i.max()) for i in st.sae_indices) >= sae.n:
             raise SipitError(f"the file's latent ids reach {max(int(i.max()) for i in st.sae_indices)}, the SAE in "
                              f"{path} has {sae.n} latents")
-        latents = [torch.zeros(len(v), sae.n).scatter_add_(1, i, v.float().cpu()) for v, i in zip(latents, st.sae_indices)]
+
+        def dense(values: list[Tensor]) -> list[Tensor]:
+            return [torch.zeros(len(v), sae.n).scatter_add_(1, i, v.float().cpu()) for v, i in zip(values, st.sae_indices)]
+
+        latents, bounds = dense(latents), bounds and dense(bounds)
     if latents[0].shape[-1] != sae.n:
         raise SipitError(f"the file has {latents[0].shape[-1]} latents per position, the SAE in {path} has {sae.n}")
     if st.meta.get("sae_digest") not in (None, sae.digest):
@@ -223,8 +231,7 @@ def _open_sae(lm: LM, st, layer: int, final_norm: bool, path: str | None, latent
         raise SipitError(f"the SAE in {path} reads layer {sae.layer} ({sae.hook_name}), the file says layer {layer}")
     tap = SAETap(lm, layer, sae, final_norm)
     decoded = [tap.sae.decode(f.to(lm.device)) for f in latents]
-    rounding = st.error if st.error is not None else (
-        0.0 if stored == torch.float32 else UNIT_ROUNDOFF.get(stored, 2.0 ** -8))
-    gain = float(torch.linalg.matrix_norm(sae.W_dec.double(), ord=2)) * max(
-        float((f.double().norm(dim=-1) / h.double().norm(dim=-1).clamp_min(1e-30)).max()) for f, h in zip(latents, decoded))
-    return tap, decoded, rounding * gain
+    error = 0.0 if bounds is None else max(
+        float((sae.reconstruction_error(f.float(), b, exact_zeros=st.sae_indices is not None)
+               / h.double().norm(dim=-1).cpu().clamp_min(1e-30)).max()) for f, b, h in zip(latents, bounds, decoded))
+    return tap, decoded, error

@@ -60,6 +60,7 @@ class States:
     kv_heads: tuple[int, int] | None = None  # kv: (n_kv_heads, head_dim) as stored
     projection: Tensor | None = None  # projection: P [k, d]
     sae_indices: list[Tensor] | None = None  # sae, stored sparse: per prompt [T_i, m], the latents of prompts' values
+    sae_bounds: list[Tensor] | None = None  # sae in a storage format: elementwise bounds of prompts' values
     error: float | None = None  # relative rounding error of a low-precision storage format (storage.py)
 
     @property
@@ -272,6 +273,8 @@ def _validate(path: Path, tensors: dict, meta: dict) -> States:
     prompts = [x[i, :n] for i, n in enumerate(lengths)]
     if "sae_indices" in extra:
         extra["sae_indices"] = [extra["sae_indices"][i, :n] for i, n in enumerate(lengths)]
+    if surface == "sae" and bound is not None:  # (the SAE's reconstruction error is bounded from them: capture.py)
+        extra["sae_bounds"] = [bound[i, :n] for i, n in enumerate(lengths)]
     error = None
     if bound is not None:
         error = max(storage_error(p, bound[i, :len(p)]) for i, p in enumerate(prompts))

@@ -143,3 +143,21 @@ def test_a_sparsify_directory_loads_with_its_hookpoint_layer(tmp_path, activatio
     (path / "cfg.json").write_text(json.dumps(dict(d_in=d, k=k, transcode=True)))
     with pytest.raises(SAEError, match="transcoder"):
         load_sae(path)
+
+
+@pytest.mark.parametrize("architecture", ["standard", "topk", "jumprelu"])
+def test_a_stored_rounding_of_latents_moves_the_reconstruction_within_its_bound(random_sae, architecture):
+    """reconstruction_error bounds ‖decode(f) − decode(f̃)‖ for latents f rounded to f̃ within an elementwise bound,
+    latents rounded to zero included (a small one under a coarse int4 step), and needs no full-decoder SVD."""
+    from sipit.audit.defenses import quant_elementwise_bound, quantize_rows
+
+    sae = random_sae(16, architecture)
+    f = sae.encode(torch.randn(50, 16, generator=torch.Generator().manual_seed(3)) * 3)
+    active = (f > 0).nonzero()
+    f[active[0, 0], active[0, 1]] = 1e-4  # rounds to zero in int4
+    for fmt in ("int8", "int4", "fp8"):
+        stored = quantize_rows(f, fmt)
+        assert fmt != "int4" or stored[active[0, 0], active[0, 1]] == 0
+        moved = (sae.decode(f) - sae.decode(stored)).double().norm(dim=-1)
+        bound = sae.reconstruction_error(stored, quant_elementwise_bound(stored, fmt))
+        assert (moved <= bound * (1 + 1e-6) + 1e-9).all() and bound.max() > 0

@@ -141,11 +141,15 @@ def quant_error_bound(stored: Tensor, fmt: str) -> Tensor:
     """Worst-case relative error ‖h − stored‖ / ‖stored‖ per row of the dequantized stored [..., d],
     from the format alone (what an attacker who reads the file can compute). -> [...]"""
     x = stored.double()
-    norm = x.norm(dim=-1).clamp_min(1e-30)
+    return quant_elementwise_bound(x, fmt).norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-30)
+
+
+def quant_elementwise_bound(stored: Tensor, fmt: str) -> Tensor:
+    """b with |h − stored| ≤ b elementwise, for the dequantized stored [..., d] of `fmt`. -> [..., d] float64"""
+    x = stored.double()
     if fmt == "fp8":
         s = _row_scale(x, FP8_MAX)
         # |h − x| ≤ 2⁻⁴|h| (normal) or half a subnormal step; |h| ≤ |x| / (1 − 2⁻⁴)
-        per = (FP8_REL / (1 - FP8_REL)) * x.abs() + FP8_SUB * s
-        return per.norm(dim=-1) / norm
+        return (FP8_REL / (1 - FP8_REL)) * x.abs() + FP8_SUB * s
     s = _row_scale(x, QUANT_LEVELS[fmt])  # the absmax element is stored exactly (q = ±qmax)
-    return math.sqrt(x.shape[-1]) * s[..., 0] / 2 / norm
+    return (s / 2).expand_as(x)

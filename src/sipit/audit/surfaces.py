@@ -36,7 +36,7 @@ from ..models import LM, LayerTap
 from ..models.edit import edit_kv, edit_layer
 from ..models.sae import load_sae, sae_layer
 from ..models.surfaces import KVTap, ProjectedTap, SAETap, logit_softcap, random_projection
-from .defenses import Defense, projection, quant_error_bound
+from .defenses import Defense, projection, quant_elementwise_bound, quant_error_bound
 
 SURFACES = ("states", "kv", "logits", "projection", "sae")
 SURFACES_HELP = "states | kv[:keys|values|both] | logits | projection:K[:gaussian|pca|coords] | sae:DIR"
@@ -135,12 +135,14 @@ class Surface:
     def error_bound(self, stored: Tensor, fmt: str) -> Tensor:
         """Worst-case relative error of observe(stored) [T, n] in the tap's space, per position -> [T]:
         the format's bound per part (the max bounds the whole row); for logits the error ‖z − z̃‖ ≤
-        bound·‖z̃‖ of the stored logits, which Qᵀ cannot enlarge, relative to ‖ỹ‖; for an SAE's latents that
-        error through W_dec, at most σ_max(W_dec) times it."""
+        bound·‖z̃‖ of the stored logits, which Qᵀ cannot enlarge, relative to ‖ỹ‖; for an SAE's latents, the
+        format's elementwise bound through the decoder (SAE.reconstruction_error)."""
+        if self.kind == "sae":
+            error = self.tap.sae.reconstruction_error(stored, quant_elementwise_bound(stored, fmt))
+            return error / self.observe(stored).double().norm(dim=-1).cpu()
         bound = torch.stack([quant_error_bound(x, fmt) for x in stored.chunk(self.parts, -1)]).amax(0).cpu()
-        if self.kind in ("logits", "sae"):
-            gain = float(torch.linalg.matrix_norm(self.tap.sae.W_dec.double(), ord=2)) if self.kind == "sae" else 1.0
-            bound = bound * gain * stored.double().norm(dim=-1).cpu() / self.observe(stored).double().norm(dim=-1).cpu()
+        if self.kind == "logits":
+            bound = bound * stored.double().norm(dim=-1).cpu() / self.observe(stored).double().norm(dim=-1).cpu()
         return bound
 
     def noise(self, clean: Tensor, sigma: float, generator: torch.Generator | None = None) -> Tensor:
