@@ -161,3 +161,15 @@ def test_a_stored_rounding_of_latents_moves_the_reconstruction_within_its_bound(
         moved = (sae.decode(f) - sae.decode(stored)).double().norm(dim=-1)
         bound = sae.reconstruction_error(stored, quant_elementwise_bound(stored, fmt))
         assert (moved <= bound * (1 + 1e-6) + 1e-9).all() and bound.max() > 0
+
+
+def test_a_listed_latent_stored_as_zero_counts_in_a_sparse_files_bound(random_sae):
+    """A sparse file lists each position's active latents; one whose value rounded to zero is still listed (its bound
+    b > 0), and the true reconstruction may differ by it: the bound covers it (it counted only nonzero values)."""
+    sae = random_sae(16, "topk")
+    f = torch.zeros(1, sae.n)
+    f[0, 3], f[0, 7] = 1.0, 0.5  # the truth
+    stored, b = f.clone(), torch.zeros(1, sae.n)
+    stored[0, 7], b[0, 3], b[0, 7] = 0.0, 0.01, 0.5  # latent 7 stored as 0 within its bound
+    moved = float((sae.decode(f) - sae.decode(stored)).norm())
+    assert float(sae.reconstruction_error(stored, b, exact_zeros=True)[0]) >= moved > 0.1

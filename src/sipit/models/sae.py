@@ -111,14 +111,15 @@ class SAE:
     def reconstruction_error(self, stored: Tensor, bound: Tensor, exact_zeros: bool = False) -> Tensor:
         """A bound on ‖decode(f) − decode(f̃)‖ per position for latents f stored as f̃ [T, n] within an elementwise
         bound b [T, n] (|f − f̃| ≤ b, a storage format's). The stored nonzero latents S move the reconstruction by at
-        most σ_max(W_dec[S])·‖b_S‖. A latent stored as zero may hide one up to b_i (latents are ≥ 0), unless
-        exact_zeros (a sparse file lists every active latent) or a JumpReLU threshold lies above b_i; TopK and
-        GroupMax keep at most k: those add b_i‖w_i‖ each (the largest k − |S| of them). -> [T] float64"""
+        most σ_max(W_dec[S])·‖b_S‖. A latent stored as zero may hide one up to b_i (latents are ≥ 0), unless a
+        JumpReLU threshold lies above b_i; TopK and GroupMax keep at most k: those add b_i‖w_i‖ each (the largest
+        k − |S| of them). exact_zeros: the latents a sparse file lists (b > 0, zero or not) are S, every other is an
+        exact zero. -> [T] float64"""
         W = (self.W_dec / self.W_dec.norm(dim=-1, keepdim=True) if self.rescale_by_decoder_norm else self.W_dec).double()
         row_norms = W.norm(dim=-1)  # [n]
         out = torch.zeros(len(stored), dtype=torch.float64)
         for t, (f, b) in enumerate(zip(stored.cpu(), bound.double().cpu())):
-            S = (f != 0).nonzero()[:, 0]
+            S = ((f != 0) | (b > 0) if exact_zeros else f != 0).nonzero()[:, 0]
             if len(S):
                 out[t] = torch.linalg.matrix_norm(W[S], ord=2) * b[S].norm()
             if not exact_zeros:
