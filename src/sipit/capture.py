@@ -88,9 +88,7 @@ def capture_surface(lm: LM, prompts: list[list[int]], spec: SurfaceSpec, layer: 
 
     if spec.kind == "sae":
         sae = load_sae(spec.sae)
-        if sae.layer is not None and sae.layer != layer:
-            raise SipitError(f"the SAE reads layer {sae.layer} ({sae.hook_name}), not layer {layer}")
-        tap = SAETap(lm, layer, sae, final_norm)
+        tap = SAETap(lm, layer, sae, final_norm)  # (checks the layer its hook reads)
         latents = [tap.latents(s).cpu() for s in capture(lm, prompts, layer, final_norm, batch_size)]  # [T_i, n]
         m = max(1, max(int((f != 0).sum(-1).max()) for f in latents))  # stored sparse: each position's m largest
         top = [f.abs().topk(m, dim=-1).indices for f in latents]
@@ -200,8 +198,8 @@ def open_surface(lm: LM, st, layer: int, final_norm: bool, sae: str | None = Non
 def _open_sae(lm: LM, st, layer: int, final_norm: bool, path: str | None, latents: list[Tensor]):
     """open_surface of an SAE's latents [T_i, n] (or their values [T_i, m] at st.sae_indices): the SAETap and the
     latents decoded, [T_i, d]. A storage format's rounding of the latents (st.sae_bounds, elementwise; a float16 or
-    bfloat16 file's, relative) moves each reconstruction by at most SAE.reconstruction_error, relative to it: the
-    error added to ε (a sparse file lists every active latent: its absent ones are exact zeros)."""
+    bfloat16 file's, relative) moves each reconstruction by at most SAE.reconstruction_error, relative: the error
+    added to ε (a sparse file lists every active latent: its absent ones are exact zeros)."""
     from .invert.verify import UNIT_ROUNDOFF
     from .models.sae import load_sae
     from .models.surfaces import SAETap
@@ -227,11 +225,7 @@ def _open_sae(lm: LM, st, layer: int, final_norm: bool, path: str | None, latent
     if st.meta.get("sae_digest") not in (None, sae.digest):
         raise SipitError(f"the file's latents were made by another SAE than the one in {path} (fingerprint "
                          f"{st.meta['sae_digest']}, this one {sae.digest})")
-    if sae.layer is not None and sae.layer != layer:
-        raise SipitError(f"the SAE in {path} reads layer {sae.layer} ({sae.hook_name}), the file says layer {layer}")
     tap = SAETap(lm, layer, sae, final_norm)
-    decoded = [tap.sae.decode(f.to(lm.device)) for f in latents]
     error = 0.0 if bounds is None else max(
-        float((sae.reconstruction_error(f.float(), b, exact_zeros=st.sae_indices is not None)
-               / h.double().norm(dim=-1).cpu().clamp_min(1e-30)).max()) for f, b, h in zip(latents, bounds, decoded))
-    return tap, decoded, error
+        float(sae.reconstruction_error(f, b, exact_zeros=st.sae_indices is not None).max()) for f, b in zip(latents, bounds))
+    return tap, [tap.sae.decode(f.to(lm.device)) for f in latents], error

@@ -34,7 +34,7 @@ from ..invert.robust import add_noise
 from ..io import SipitError
 from ..models import LM, LayerTap
 from ..models.edit import edit_kv, edit_layer
-from ..models.sae import load_sae, sae_layer
+from ..models.sae import load_sae
 from ..models.surfaces import KVTap, ProjectedTap, SAETap, logit_softcap, random_projection
 from .defenses import Defense, projection, quant_elementwise_bound, quant_error_bound
 
@@ -71,9 +71,6 @@ def parse_surface(lm: LM, text: str, layers: list[int]) -> SurfaceSpec:
         raise SipitError(f"the logits surface is at the last layer only: use --layers default or {lm.depth}")
     if spec.kind == "projection" and spec.k > lm.d_model:
         raise SipitError(f"surface {text!r}: k={spec.k} exceeds the model's d_model={lm.d_model}")
-    if spec.kind == "sae" and (len(layers) > 1 or sae_layer(spec.sae) not in (None, layers[0])):
-        raise SipitError(f"the SAE in {spec.sae} reads layer {sae_layer(spec.sae)}: audit that layer alone "
-                         "(--layers default)")
     return spec
 
 
@@ -138,8 +135,7 @@ class Surface:
         bound·‖z̃‖ of the stored logits, which Qᵀ cannot enlarge, relative to ‖ỹ‖; for an SAE's latents, the
         format's elementwise bound through the decoder (SAE.reconstruction_error)."""
         if self.kind == "sae":
-            error = self.tap.sae.reconstruction_error(stored, quant_elementwise_bound(stored, fmt))
-            return error / self.observe(stored).double().norm(dim=-1).cpu()
+            return self.tap.sae.reconstruction_error(stored, quant_elementwise_bound(stored, fmt))
         bound = torch.stack([quant_error_bound(x, fmt) for x in stored.chunk(self.parts, -1)]).amax(0).cpu()
         if self.kind == "logits":
             bound = bound * stored.double().norm(dim=-1).cpu() / self.observe(stored).double().norm(dim=-1).cpu()

@@ -109,12 +109,12 @@ class SAE:
         return f @ self.W_dec + self.b_dec
 
     def reconstruction_error(self, stored: Tensor, bound: Tensor, exact_zeros: bool = False) -> Tensor:
-        """A bound on ‖decode(f) − decode(f̃)‖ per position for latents f stored as f̃ [T, n] within an elementwise
-        bound b [T, n] (|f − f̃| ≤ b, a storage format's). The stored nonzero latents S move the reconstruction by at
+        """A bound on ‖decode(f) − decode(f̃)‖ / ‖decode(f̃)‖ per position for latents f stored as f̃ [T, n] within an
+        elementwise bound b [T, n] (|f − f̃| ≤ b, a storage format's). The stored nonzero latents S move the reconstruction by at
         most σ_max(W_dec[S])·‖b_S‖. A latent stored as zero may hide one up to b_i (latents are ≥ 0), unless a
         JumpReLU threshold lies above b_i; TopK and GroupMax keep at most k: those add b_i‖w_i‖ each (the largest
         k − |S| of them). exact_zeros: the latents a sparse file lists (b > 0, zero or not) are S, every other is an
-        exact zero. -> [T] float64"""
+        exact zero. -> [T] float64 (relative)"""
         W = (self.W_dec / self.W_dec.norm(dim=-1, keepdim=True) if self.rescale_by_decoder_norm else self.W_dec).double()
         row_norms = W.norm(dim=-1)  # [n]
         out = torch.zeros(len(stored), dtype=torch.float64)
@@ -129,7 +129,7 @@ class SAE:
                 if self.k is not None:
                     hidden = hidden.topk(max(0, min(self.k - len(S), self.n))).values
                 out[t] += hidden.sum()
-        return out
+        return out / self.decode(stored).double().norm(dim=-1).cpu().clamp_min(1e-30)
 
     @cached_property
     def digest(self) -> str:

@@ -71,6 +71,8 @@ class SAETap(LayerTap):
         super().__init__(lm, layer, final_norm)
         if sae.d != lm.d_model:
             raise ModelError(f"the SAE reads {sae.d} dimensions, {lm.name}'s states have {lm.d_model}: another model's SAE")
+        if sae.layer is not None and sae.layer != self.layer:
+            raise ModelError(f"the SAE reads layer {sae.layer} ({sae.hook_name}), not layer {self.layer}")
         self.sae = sae.to(lm.device)
         self.centre = sae.centred_on_layernorm and any(isinstance(m, torch.nn.LayerNorm) for m in lm.blocks[0].modules())
         self._digest = sae.digest
