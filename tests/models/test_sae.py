@@ -1,4 +1,4 @@
-"""SAEs as SAELens saves them (models/sae.py) and their latents as a leak surface (surfaces.SAETap)."""
+"""SAEs as SAELens and sparsify save them (models/sae.py) and their latents as a leak surface (surfaces.SAETap)."""
 import json
 
 import pytest
