@@ -188,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_capture_parser(sub, add_model)
 
+    from .identify_cli import add_identify_parser
+
+    add_identify_parser(sub)
+
     from .invert.cli import add_invert_parser
 
     add_invert_parser(sub)

@@ -42,10 +42,15 @@ def foreign(path: Path, tensors: dict[str, Tensor], meta: dict, layer: int | Non
         return _transformer_lens(path, tensors, layer)
     if tensors and all(HF_TUPLE.match(k) for k in tensors):
         return _hf_tuple(path, tensors, layer)
-    hs, tok = tensors.get("hidden_states"), tensors.get("token_ids")
-    if hs is not None and tok is not None and hs.dim() == 3 and tok.dim() == 1 and len(tok) == hs.shape[0]:
-        return _vllm(path, hs, tok, layer, file_layers)
+    if vllm_export(tensors):
+        return _vllm(path, tensors["hidden_states"], tensors["token_ids"], layer, file_layers)
     return tensors, meta
+
+
+def vllm_export(tensors: dict[str, Tensor]) -> bool:
+    """vLLM's hidden-states export: hidden_states [T, n_layers, d] with its token_ids [T]."""
+    hs, tok = tensors.get("hidden_states"), tensors.get("token_ids")
+    return hs is not None and tok is not None and hs.dim() == 3 and tok.dim() == 1 and len(tok) == hs.shape[0]
 
 
 def _pick(path: Path, available: dict[int, tuple[str, bool]], layer: int | None, what: str):

@@ -128,12 +128,17 @@ def load_states(path: str | Path, layer: int | None = None, file_layers: list[in
     path = Path(path)
     if not path.is_file():
         raise StatesError(f"states file not found: {path}")
+    tensors, meta = read_tensors(path)
+    tensors, meta = foreign(path, tensors, meta, layer, file_layers)
+    return _validate(path, tensors, meta)
+
+
+def read_tensors(path: Path) -> tuple[dict[str, Tensor], dict]:
+    """A file's tensors and metadata strings as stored (.safetensors, .npy, .pt), before any reader reads them."""
     reader = {".safetensors": _read_safetensors, ".npy": _read_npy, ".pt": _read_pt, ".pth": _read_pt}
     if path.suffix not in reader:
         raise StatesError(f"{path}: unknown states format {path.suffix!r} (use .safetensors, .npy or .pt)")
-    tensors, meta = reader[path.suffix](path)
-    tensors, meta = foreign(path, tensors, meta, layer, file_layers)
-    return _validate(path, tensors, meta)
+    return reader[path.suffix](path)
 
 
 def _read_safetensors(path: Path):

@@ -52,13 +52,16 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     st = load_states(path, args.layer, args.file_layers)
     model = args.model or st.model
     layer = args.layer if args.layer is not None else st.layer
-    if model is None or layer is None:
-        raise SipitError(f"{path} does not say which model/layer made it: give --model and --layer")
+    if model is None:
+        raise SipitError(f"{path} does not say which model made it: give --model (`sipit identify {path}` finds "
+                         "the model and layer among the installed ones)")
     final_norm = st.final_norm if args.final_norm is None else args.final_norm
     precision = args.precision or st.precision or "fp32"
     if (model, precision) not in models:
         models[model, precision] = load_model(model, precision=precision, device=args.device)
     lm = models[model, precision]
+    if layer is None:
+        layer, final_norm = identified_layer(path, lm, st, args.final_norm)
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: {path} was made with another tokenizer than {model}'s", file=sys.stderr)
     tap, prompts, error = open_surface(lm, st, lm.layer_index(layer), final_norm, sae=args.sae)
@@ -96,6 +99,24 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
         key = hashlib.file_digest(f, "sha256")
     key.update(repr((lm.fingerprint, tap.key, args.policy, config, args.noise, args.seed, args.max_seconds)).encode())
     return FileJob(path, out, lm, model, layer, final_norm, tap, prompts, st.ids, config, key.hexdigest()[:16])
+
+
+def identified_layer(path: Path, lm, st, final_norm: bool | None) -> tuple[int, bool]:
+    """The layer (and final norm, unless given) of a states file that does not say, identified from its first
+    positions (identify.py); one clear SipitError where none or several match."""
+    from ..identify import identify_states
+
+    if st.surface != "states":
+        raise SipitError(f"{path} does not say which layer made it: give --layer")
+    print(f"sipit: {path} does not say which layer made it: identifying it", file=sys.stderr)
+    ident = identify_states(lm, st)
+    best = ident.best
+    if best is None or (final_norm is not None and best.final_norm != final_norm):
+        seen = ", ".join(h.name for h in ident.matching) or f"none within {ident.tolerance:.2g}"
+        raise SipitError(f"{path}: its layer could not be identified among {lm.name}'s (matching: {seen}): give --layer")
+    print(f"sipit: {path}: {best.name} of {lm.name} ({best.matched}/{ident.prompts} first positions within "
+          f"{ident.tolerance:.2g}, {ident.seconds:.1f}s)", file=sys.stderr)
+    return best.layer, best.final_norm
 
 
 def calibrate_jobs(jobs: list[FileJob]) -> dict:

