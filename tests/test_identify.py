@@ -100,3 +100,20 @@ def test_unsuitable_files_are_one_clear_error(tmp_path, capsys):
     assert "states of width 32; no candidate model is that wide (tiny-llama 64)" in capsys.readouterr().err
     assert main(["identify", str(tmp_path / "missing.pt"), "--model", "tiny-llama"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_exhaustive_checks_every_token_where_no_shortlist_holds_the_first_one():
+    """Screens that guess the mean embedding row whatever they see shortlist the same few tokens, none of them
+    the first one: nothing matches; every token at every hypothesis finds it."""
+    from dataclasses import replace
+
+    lm = load_model("tiny-llama")
+    first = first_positions(lm, 4, True)
+    fitted = Screens.fit(lm, probe=64)
+    blind = replace(fitted, maps=[(mx, sd, torch.zeros_like(W), my) for mx, sd, W, my in fitted.maps])
+    assert not set(blind.shortlists(first.double(), 8).flatten().tolist()) & {p[0] for p in PROMPTS}
+    missed = identify(lm, first, screens=blind, top=1)
+    assert missed.best is None and not missed.exhaustive
+    found = identify(lm, first, screens=blind, top=1, exhaustive=True)
+    assert found.exhaustive and (found.best.layer, found.best.final_norm) == (4, True)
+    assert found.best.tokens == [p[0] for p in PROMPTS]

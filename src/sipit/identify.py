@@ -20,7 +20,9 @@ Finding the token without running all V tokens through every layer: a ridge map 
 hypothesis' states back to embedding rows (Screens), fitted on PROBE tokens (specials, frequent
 text tokens, random ids) run once through every layer, shortlists TOP tokens per observed prompt;
 the shortlists go through every layer in one more pass, and every hypothesis is scored on all of
-them. Where nothing matches, the shortlists widen once (×8). Where the file carries its prompts' ids, one forward pass of them decides
+them. Where nothing matches, the shortlists widen once (×8); with `exhaustive`, then every token goes
+through every block (SmolLM2: ~100 s on this project's 2-core CPU). Where the
+file carries its prompts' ids, one forward pass of them decides
 (identify_with_ids).
 """
 from __future__ import annotations
@@ -79,6 +81,7 @@ class Identification:
     shortlist: int  # tokens per prompt and hypothesis in the last round
     seconds: float
     by_ids: bool = False  # decided from the file's own ids (all positions), not position 0
+    exhaustive: bool = False  # every token was checked (no shortlist had matched)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -95,7 +98,7 @@ class Identification:
         return dict(model=self.model, identified=best is not None,
                     layer=best.layer if best else None, final_norm=best.final_norm if best else None,
                     matching=[h.name for h in self.matching], tolerance=self.tolerance, prompts=self.prompts,
-                    shortlist=self.shortlist, by_ids=self.by_ids, seconds=round(self.seconds, 3), notes=self.notes,
+                    shortlist=self.shortlist, by_ids=self.by_ids, exhaustive=self.exhaustive, seconds=round(self.seconds, 3), notes=self.notes,
                     hypotheses=[vars(h) for h in self.hypotheses])
 
 
@@ -184,10 +187,11 @@ class Screens:
 
 @torch.no_grad()
 def identify(lm: LM, first: Tensor, storage_error: float | None = None, *, screens: Screens | None = None,
-             top: int = TOP) -> Identification:
+             top: int = TOP, exhaustive: bool = False) -> Identification:
     """Score every (layer, final_norm) of `lm` against observed first positions first [B, d] (the first PROMPTS
-    are used; screens: Screens.fit(lm), fitted here if not given). -> Identification, hypotheses best first (most
-    prompts matched, then smallest distance)."""
+    are used; screens: Screens.fit(lm), fitted here if not given; exhaustive: where no shortlist matches, every
+    token at every hypothesis). -> Identification, hypotheses best first (most prompts matched, then
+    smallest distance)."""
     start = time.perf_counter()
     screens = screens or Screens.fit(lm)
     x = first[:PROMPTS].double().cpu()
@@ -196,24 +200,33 @@ def identify(lm: LM, first: Tensor, storage_error: float | None = None, *, scree
     m = top
     while True:
         tokens = torch.cat([screens.specials, order[:, :, :m].flatten()]).unique()
-        states = states_at_every_layer(lm, tokens)
-        hypotheses = [_score(i // 2, bool(i % 2), x, s, tokens, tol) for i, s in enumerate(states)]
-        hypotheses.sort(key=lambda h: (-h.matched, h.distance))
-        if hypotheses[0].matched or m >= order.shape[-1]:
+        nearest = [_nearest(x, s, tokens) for s in states_at_every_layer(lm, tokens)]
+        if any((d <= tol).any() for d, _ in nearest) or m >= order.shape[-1]:
             break
         m = order.shape[-1]  # nothing matched: once more with every shortlist 8 times as long
-    return Identification(lm.name, hypotheses, tol, len(x), m, time.perf_counter() - start)
+    swept = exhaustive and not any((d <= tol).any() for d, _ in nearest)
+    if swept:  # every token at every hypothesis, a block of the vocabulary at a time
+        from tqdm import tqdm
+
+        for i in tqdm(range(0, lm.vocab_size, 1024), desc="identify: every token", leave=False, disable=None):
+            block = torch.arange(i, min(i + 1024, lm.vocab_size))
+            for h, s in enumerate(states_at_every_layer(lm, block)):
+                d, t = _nearest(x, s, block)
+                closer = d < nearest[h][0]
+                nearest[h] = (torch.where(closer, d, nearest[h][0]), torch.where(closer, t, nearest[h][1]))
+        m = lm.vocab_size
+    hypotheses = [Hypothesis(h // 2, bool(h % 2), int((d <= tol).sum()), d.tolist(), t.tolist())
+                  for h, (d, t) in enumerate(nearest)]
+    hypotheses.sort(key=lambda h: (-h.matched, h.distance))
+    return Identification(lm.name, hypotheses, tol, len(x), m, time.perf_counter() - start, exhaustive=swept)
 
 
-def _score(layer: int, final_norm: bool, x: Tensor, states: Tensor, tokens: Tensor, tol: float) -> Hypothesis:
-    """Each observed first position x [B, d] against the candidates' states [n, d] at one hypothesis."""
-    best_d, best_t = [], []
-    for xb in x:
-        d = scaled_distance(xb[None], states)  # [n]
-        i = int(d.argmin())
-        best_d.append(float(d[i]))
-        best_t.append(int(tokens[i]))
-    return Hypothesis(layer, final_norm, sum(v <= tol for v in best_d), best_d, best_t)
+def _nearest(x: Tensor, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """Each observed first position x [B, d] against candidates' states [n, d] at one hypothesis: the smallest
+    scaled distance [B] float64 and its token [B]."""
+    d = torch.stack([scaled_distance(xb[None], states) for xb in x])  # [B, n]
+    i = d.argmin(1)
+    return d.gather(1, i[:, None])[:, 0], tokens[i]
 
 
 @torch.no_grad()
@@ -232,9 +245,9 @@ def identify_with_ids(lm: LM, ids: list[int], states: Tensor, storage_error: flo
     return Identification(lm.name, hypotheses, tol, 1, 0, time.perf_counter() - start, by_ids=True)
 
 
-def identify_states(lm: LM, st, screens: Screens | None = None) -> Identification:
+def identify_states(lm: LM, st, screens: Screens | None = None, exhaustive: bool = False) -> Identification:
     """A loaded states file (states.States) against every (layer, final_norm) of `lm`: from its own ids where it
     has them (the first prompt), else from its prompts' first positions."""
     if st.ids:
         return identify_with_ids(lm, st.ids[0], st.prompts[0], st.error)
-    return identify(lm, torch.stack([p[0] for p in st.prompts]), st.error, screens=screens)
+    return identify(lm, torch.stack([p[0] for p in st.prompts]), st.error, screens=screens, exhaustive=exhaustive)

@@ -7,10 +7,12 @@ from pathlib import Path
 from .io import SipitError
 
 
-def identify_file(path: Path, model_names: list[str] | None, load, screens: dict) -> list[tuple[str, object]]:
+def identify_file(path: Path, model_names: list[str] | None, load, screens: dict,
+                  exhaustive: bool = False) -> list[tuple[str, object]]:
     """(label, Identification) for each candidate model of one file (a vLLM export: for each of its layer slots,
     from its own token ids). model_names: the models to try (None: the file's own, else every installed
-    embedded model as wide as the states); load(name) -> LM; screens: Screens per model name, fitted on first use."""
+    embedded model as wide as the states); load(name) -> LM; screens: Screens per model name, fitted on first use;
+    exhaustive: identify's."""
     from .identify import PROBE, Screens, identify_states, identify_with_ids
     from .readers import vllm_export
     from .states import load_states, read_tensors
@@ -31,7 +33,7 @@ def identify_file(path: Path, model_names: list[str] | None, load, screens: dict
                   file=sys.stderr)
             screens[lm.name] = Screens.fit(lm)
             print(f"sipit: fitted in {screens[lm.name].seconds:.1f}s", file=sys.stderr)
-        out.append(("", identify_states(lm, st, screens.get(lm.name))))
+        out.append(("", identify_states(lm, st, screens.get(lm.name), exhaustive)))
     return out
 
 
@@ -62,8 +64,10 @@ def describe(path: Path, label: str, ident) -> str:
         if ident.matching:
             return (f"{where}: {ident.model}: ambiguous, {', '.join(h.name for h in ident.matching)} all match "
                     f"within {ident.tolerance:.2g} (the file's rounding cannot tell them apart)")
+        hint = "" if ident.exhaustive or ident.by_ids else "; --exhaustive checks every token"
         return (f"{where}: {ident.model}: no layer matches (nearest: {near.name}, scaled distance {near.distance:.2g} "
-                f"> tolerance {ident.tolerance:.2g}): another model, or not its residual stream")
+                f"> tolerance {ident.tolerance:.2g}): another model, not its residual stream, or a first token no "
+                f"shortlist held{hint}")
     runner = ident.hypotheses[1]
     norm = " --final-norm" if best.final_norm else ""
     within = max(d for d in best.distances if d <= ident.tolerance)
@@ -88,7 +92,7 @@ def cmd_identify(args):
     for path in map(Path, args.files):
         if not path.is_file():
             raise SipitError(f"states file not found: {path}")
-        results = identify_file(path, args.model, load, screens)
+        results = identify_file(path, args.model, load, screens, args.exhaustive)
         for label, ident in results:
             print(describe(path, label, ident))
             rows.append(dict(file=str(path), slot=label or None, **ident.to_json()))
@@ -115,5 +119,8 @@ def add_identify_parser(sub) -> None:
                    help="a candidate model (repeat for several; default: the file's own, else every installed "
                         "embedded model as wide as the states)")
     s.add_argument("--precision", default="fp32", choices=PRECISIONS, help="the candidates' precision (default fp32)")
+    s.add_argument("--exhaustive", action="store_true",
+                   help="where no shortlisted token matches, run every token through every block (SmolLM2: ~100 s "
+                        "on 2 CPU threads)")
     s.add_argument("--json", help="also write every hypothesis' scores as JSON here")
     s.set_defaults(fn=cmd_identify)
