@@ -91,6 +91,13 @@ def test_invert_identifies_a_missing_layer(tmp_path, capsys):
     assert "layer 2 with the final norm of tiny-llama" in io.err
     code = main(["--threads", "1", "invert", str(tmp_path / "nn.pt"), "--model", "tiny-gpt2", "--policy", "exhaustive"])
     assert code == 2 and "could not be identified" in capsys.readouterr().err
+    many = tmp_path / "many"  # a directory of such files: each identified (the screens fitted once)
+    many.mkdir()
+    for layer in (1, 3):
+        torch.save(capture(lm, PROMPTS[:1], layer, False)[0][None], many / f"l{layer}.pt")
+    code = main(["--threads", "1", "invert", str(many), "--model", "tiny-llama", "--policy", "exhaustive", "-q"])
+    err = capsys.readouterr().err
+    assert code == 0 and "l1.pt: layer 1 of tiny-llama" in err and "l3.pt: layer 3 of tiny-llama" in err
 
 
 def test_unsuitable_files_are_one_clear_error(tmp_path, capsys):
@@ -103,14 +110,14 @@ def test_unsuitable_files_are_one_clear_error(tmp_path, capsys):
 
 
 def test_exhaustive_checks_every_token_where_no_shortlist_holds_the_first_one():
-    """Screens that guess the mean embedding row whatever they see shortlist the same few tokens, none of them
-    the first one: nothing matches; every token at every hypothesis finds it."""
+    """Screens blind to what they see (both maps zero) shortlist the same few tokens, none of them the first one:
+    nothing matches; every token at every hypothesis finds it."""
     from dataclasses import replace
 
     lm = load_model("tiny-llama")
     first = first_positions(lm, 4, True)
     fitted = Screens.fit(lm, probe=64)
-    blind = replace(fitted, maps=[(mx, sd, torch.zeros_like(W), my) for mx, sd, W, my in fitted.maps])
+    blind = replace(fitted, maps=[(mx, sd, b * 0, f * 0, quad) for mx, sd, b, f, quad in fitted.maps])
     assert not set(blind.shortlists(first.double(), 8).flatten().tolist()) & {p[0] for p in PROMPTS}
     missed = identify(lm, first, screens=blind, top=1)
     assert missed.best is None and not missed.exhaustive

@@ -42,7 +42,8 @@ class FileJob:
 
 
 def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
-    """Read and validate one states file, load its model (once per model and precision: `models`)."""
+    """Read and validate one states file, load its model (once per model and precision: `models`, which also keeps
+    the screens of a model that identified a missing layer)."""
     from ..capture import check_layer, open_surface
     from ..models import LayerTap, load_model
     from .config import InvertConfig, batch_size_for
@@ -60,8 +61,8 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     if (model, precision) not in models:
         models[model, precision] = load_model(model, precision=precision, device=args.device)
     lm = models[model, precision]
-    if layer is None:
-        layer, final_norm = identified_layer(path, lm, st, args.final_norm)
+    if layer is None:  # (the screens it fits are kept beside the model, for the run's other files)
+        layer, final_norm = identified_layer(path, lm, st, args.final_norm, models, (model, precision, "screens"))
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: {path} was made with another tokenizer than {model}'s", file=sys.stderr)
     tap, prompts, error = open_surface(lm, st, lm.layer_index(layer), final_norm, sae=args.sae)
@@ -101,15 +102,18 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     return FileJob(path, out, lm, model, layer, final_norm, tap, prompts, st.ids, config, key.hexdigest()[:16])
 
 
-def identified_layer(path: Path, lm, st, final_norm: bool | None) -> tuple[int, bool]:
+def identified_layer(path: Path, lm, st, final_norm: bool | None, cache: dict, key) -> tuple[int, bool]:
     """The layer (and final norm, unless given) of a states file that does not say, identified from its first
-    positions (identify.py); one clear SipitError where none or several match."""
-    from ..identify import identify_states
+    positions (identify.py; the model's Screens kept in cache[key]); one clear SipitError where none or several
+    match."""
+    from ..identify import Screens, identify_states
 
     if st.surface != "states":
         raise SipitError(f"{path} does not say which layer made it: give --layer")
     print(f"sipit: {path} does not say which layer made it: identifying it", file=sys.stderr)
-    ident = identify_states(lm, st)
+    if not st.ids and key not in cache:
+        cache[key] = Screens.fit(lm)
+    ident = identify_states(lm, st, cache.get(key))
     best = ident.best
     if best is None or (final_norm is not None and best.final_norm != final_norm):
         seen = ", ".join(h.name for h in ident.matching) or f"none within {ident.tolerance:.2g}"
