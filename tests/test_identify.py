@@ -64,7 +64,8 @@ def test_cli_names_the_layer_and_the_invert_command(tmp_path, capsys):
     assert code == 0 and "layer 3 of tiny-llama" in out and "no layer matches" in out  # (tiny-gpt2: none)
     assert f"invert with: sipit invert {tmp_path / 'nn.pt'} --model tiny-llama --layer 3\n" in out
     rows = {r["model"]: r for r in json.loads((tmp_path / "id.json").read_text())}
-    assert rows["tiny-llama"]["identified"] and (rows["tiny-llama"]["layer"], rows["tiny-llama"]["final_norm"]) == (3, False)
+    llama = rows["tiny-llama"]
+    assert llama["identified"] and (llama["layer"], llama["final_norm"]) == (3, False)
     assert not rows["tiny-gpt2"]["identified"]
     assert main(["--threads", "1", "identify", str(tmp_path / "nn.pt"), "--model", "tiny-gpt2"]) == 1
 
@@ -78,6 +79,8 @@ def test_a_vllm_exports_slots_are_identified_from_its_ids(tmp_path, capsys):
     assert main(["--threads", "1", "identify", str(tmp_path / "req.safetensors"), "--model", "tiny-gpt2"]) == 0
     out = capsys.readouterr().out
     assert "slot 0: layer 1 of tiny-gpt2: every position" in out and "slot 1: layer 3 of tiny-gpt2" in out
+    command = f"invert with: sipit invert {tmp_path / 'req.safetensors'} --model tiny-gpt2 --file-layers 1,3 --layer 3"
+    assert command in out
 
 
 def test_invert_identifies_a_missing_layer(tmp_path, capsys):
@@ -124,3 +127,17 @@ def test_exhaustive_checks_every_token_where_no_shortlist_holds_the_first_one():
     found = identify(lm, first, screens=blind, top=1, exhaustive=True)
     assert found.exhaustive and (found.best.layer, found.best.final_norm) == (4, True)
     assert found.best.tokens == [p[0] for p in PROMPTS]
+
+
+@pytest.mark.smollm2
+def test_smollm2s_layers_are_told_apart_where_massive_activations_hold_the_norm(smollm2):
+    """SmolLM2's position 0 from layer 12 on: a block moves its norm by ~0.1%, under bfloat16's rounding. Layers 13
+    and 14 are still told apart, stored in float32 and in bfloat16, with the final norm or without."""
+    screens = Screens.fit(smollm2)
+    ids = [smollm2.encode(t) for t in ("The river rose overnight.", "for i in range(3):", "Thanks, see you soon!")]
+    for layer, final_norm in ((13, False), (14, False), (14, True), (30, True)):
+        states = capture(smollm2, ids, layer, final_norm)
+        for dtype in (torch.float32, torch.bfloat16):
+            ident = identify(smollm2, torch.stack([s[0] for s in states]).to(dtype), screens=screens)
+            assert ident.best is not None and (ident.best.layer, ident.best.final_norm) == (layer, final_norm)
+            assert ident.best.tokens == [i[0] for i in ids]

@@ -16,19 +16,18 @@ tell layers apart where a few massive activations hold the norm: SmolLM2's posit
 scaled distance, against 0.08% for a bfloat16-stored state and ≤ 4e-6 for float32 recomputation
 (docs/results/identify/README.md).
 
-Finding the token without running all V tokens through every layer: a ridge map from each
-hypothesis' states back to embedding rows (Screens), fitted on PROBE tokens (specials, frequent
-text tokens, random ids) run once through every layer, shortlists TOP tokens per observed prompt;
-the shortlists go through every layer in one more pass, and every hypothesis is scored on all of
-them. Where nothing matches, the shortlists widen once (×8); with `exhaustive`, then every token goes
-through every block (SmolLM2: ~100 s on this project's 2-core CPU). Where the
-file carries its prompts' ids, one forward pass of them decides
-(identify_with_ids).
+Finding the token without running all V tokens through every layer: two ridge maps per hypothesis
+(Screens: state -> embedding row, and embedding row -> state), fitted on PROBE tokens (specials,
+frequent text tokens, random ids) run once through every layer, shortlist TOP tokens each per
+observed prompt; the shortlists go through every layer in one more pass, and every hypothesis is
+scored on all of them. Where nothing matches, the shortlists widen once (×8); with `exhaustive`,
+then every token goes through every block (SmolLM2: ~100 s on this project's 2-core CPU). Where
+the file carries its prompts' ids, one forward pass of them decides (identify_with_ids).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -83,7 +82,6 @@ class Identification:
     seconds: float
     by_ids: bool = False  # decided from the file's own ids (all positions), not position 0
     exhaustive: bool = False  # every token was checked (no shortlist had matched)
-    notes: list[str] = field(default_factory=list)
 
     @property
     def matching(self) -> list[Hypothesis]:
@@ -99,8 +97,8 @@ class Identification:
         return dict(model=self.model, identified=best is not None,
                     layer=best.layer if best else None, final_norm=best.final_norm if best else None,
                     matching=[h.name for h in self.matching], tolerance=self.tolerance, prompts=self.prompts,
-                    shortlist=self.shortlist, by_ids=self.by_ids, exhaustive=self.exhaustive, seconds=round(self.seconds, 3), notes=self.notes,
-                    hypotheses=[vars(h) for h in self.hypotheses])
+                    shortlist=self.shortlist, by_ids=self.by_ids, exhaustive=self.exhaustive,
+                    seconds=round(self.seconds, 3), hypotheses=[vars(h) for h in self.hypotheses])
 
 
 def tolerance(first: Tensor, lm: LM, storage_error: float | None = None) -> float:
@@ -155,12 +153,13 @@ class Screens:
     """Per hypothesis (2ℓ: layer ℓ raw, 2ℓ+1: after the final norm), two ridge maps fitted on probe tokens'
     one-token states, each shortlisting the tokens an observed first position may hold:
     - backward: standardised state -> embedding row; the tokens whose rows are nearest the guess;
-    - forward: embedding row -> standardised state; the tokens whose predicted states are nearest the observed one,
-      2 q·ê_v − ‖ê_v A‖² with q = A x̂ (ê_v: standardised row), the quadratic term in A Aᵀ's top FORWARD_RANK
-      directions.
+    - forward: embedding row -> standardised state; the tokens whose predicted states are nearest the observed
+      one, 2 q·ê_v − ‖ê_v A‖² with q = A x̂ (ê_v: standardised row), the quadratic term in A Aᵀ's top
+      FORWARD_RANK directions.
     On a tuning seed (100 first tokens of prose, code, chat and random ids) the backward map held the truth in its
-    top 8 for 84-100% at SmolLM2's layers and 56-96% at Gemma-3-270M's, the forward one 32-100% and 94-100%: they fail
-    on different models, so both are used. Fitted once per model (one pass of `probe` tokens through every block)."""
+    top 8 for 84-100% at SmolLM2's layers and 56-100% at Gemma-3-270M's, the forward one 32-100% and 88-100%: they
+    fail on different models, so both are used. Fitted once per model (one pass of `probe` tokens through every
+    block)."""
     maps: list[tuple[Tensor, ...]]  # (state mean [d], state scale [d], backward [d, e], forward [d, e], ‖ê_v A‖² [V])
     rows: Tensor  # the embedding rows [V, e]
     row_mean: Tensor  # [e]

@@ -71,9 +71,22 @@ def describe(path: Path, label: str, ident) -> str:
     runner = ident.hypotheses[1]
     norm = " --final-norm" if best.final_norm else ""
     within = max(d for d in best.distances if d <= ident.tolerance)
-    return (f"{where}: {best.name} of {ident.model}: {seen} within {within:.2g} (tolerance "
-            f"{ident.tolerance:.2g}; next: {runner.name}, {runner.distance:.2g}) [{ident.seconds:.1f}s]\n"
-            f"  invert with: sipit invert {path} --model {ident.model} --layer {best.layer}{norm}")
+    line = (f"{where}: {best.name} of {ident.model}: {seen} within {within:.2g} (tolerance "
+            f"{ident.tolerance:.2g}; next: {runner.name}, {runner.distance:.2g}) [{ident.seconds:.1f}s]")
+    if label:  # a vLLM slot: slots_command gives the file's line
+        return line
+    return line + f"\n  invert with: sipit invert {path} --model {ident.model} --layer {best.layer}{norm}"
+
+
+def slots_command(path: Path, results: list[tuple[str, object]]) -> str | None:
+    """For a vLLM export whose every slot one model identified: the `sipit invert` line with its --file-layers."""
+    for model in dict.fromkeys(ident.model for _, ident in results):
+        slots = [ident.best for _, ident in results if ident.model == model]
+        if all(slots):
+            layers = ",".join(str(h.layer) for h in slots)
+            return (f"  invert with: sipit invert {path} --model {model} --file-layers {layers} "
+                    f"--layer {slots[-1].layer}")
+    return None
 
 
 def cmd_identify(args):
@@ -96,6 +109,8 @@ def cmd_identify(args):
         for label, ident in results:
             print(describe(path, label, ident))
             rows.append(dict(file=str(path), slot=label or None, **ident.to_json()))
+        if results and results[0][0] and (command := slots_command(path, results)):
+            print(command)
         found = {}  # label -> identified by some candidate model (a vLLM export: every slot must be)
         for label, ident in results:
             found[label] = found.get(label, False) or ident.best is not None

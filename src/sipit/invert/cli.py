@@ -117,7 +117,8 @@ def identified_layer(path: Path, lm, st, final_norm: bool | None, cache: dict, k
     best = ident.best
     if best is None or (final_norm is not None and best.final_norm != final_norm):
         seen = ", ".join(h.name for h in ident.matching) or f"none within {ident.tolerance:.2g}"
-        raise SipitError(f"{path}: its layer could not be identified among {lm.name}'s (matching: {seen}): give --layer")
+        raise SipitError(f"{path}: its layer could not be identified among {lm.name}'s (matching: {seen}): "
+                         "give --layer")
     print(f"sipit: {path}: {best.name} of {lm.name} ({best.matched}/{ident.prompts} first positions within "
           f"{ident.tolerance:.2g}, {ident.seconds:.1f}s)", file=sys.stderr)
     return best.layer, best.final_norm
