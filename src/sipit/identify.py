@@ -21,7 +21,7 @@ Finding the token without running all V tokens through every layer: two ridge ma
 frequent text tokens, random ids) run once through every layer, shortlist TOP tokens each per
 observed prompt; the shortlists go through every layer in one more pass, and every hypothesis is
 scored on all of them. Where nothing matches, the shortlists widen once (×8); with `exhaustive`,
-then every token goes through every block (SmolLM2: ~100 s on this project's 2-core CPU). Where
+then every token goes through every block (SmolLM2: 145 s on this project's 2-core CPU). Where
 the file carries its prompts' ids, one forward pass of them decides (identify_with_ids).
 """
 from __future__ import annotations

@@ -135,7 +135,7 @@ def add_identify_parser(sub) -> None:
                         "embedded model as wide as the states)")
     s.add_argument("--precision", default="fp32", choices=PRECISIONS, help="the candidates' precision (default fp32)")
     s.add_argument("--exhaustive", action="store_true",
-                   help="where no shortlisted token matches, run every token through every block (SmolLM2: ~100 s "
+                   help="where no shortlisted token matches, run every token through every block (SmolLM2: 145 s "
                         "on 2 CPU threads)")
     s.add_argument("--json", help="also write every hypothesis' scores as JSON here")
     s.set_defaults(fn=cmd_identify)
