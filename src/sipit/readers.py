@@ -10,7 +10,8 @@
   vector of a LayerNorm model is centred (mean 0 over d); such captures are detected and compared
   after centring (a known projection, capture.open_surface). hook_resid_mid is refused.
 - nnsight: `model.model.layers[i].output.save()` is block i's output (a tensor, or a 1-tuple) =
-  sipit layer i+1; saved with torch.save it carries no metadata (give --model and --layer).
+  sipit layer i+1; saved with torch.save it carries no metadata (give --model; --layer, or sipit
+  identifies it: identify.py).
 - vLLM's `extract_hidden_states` export (ExampleHiddenStatesConnector / OnlineHiddenStatesConnector):
   safetensors with hidden_states [T, n_layers, d] and token_ids [T], one file per request. The
   layers are the run's `eagle_aux_hidden_state_layer_ids`, not stored in the file; id i is the

@@ -7,5 +7,6 @@ from .tap import LayerTap, Prefix, run_layers
 from .tiny import tiny_model
 
 __all__ = ["DEFAULT_MODEL", "LM", "LayerTap", "ModelError", "PRECISIONS", "Prefix", "apply_precision",
-           "attention_weights", "batch_for", "cache_dir", "embedded_status", "exact_matmul", "installed_embedded", "load_model",
-           "position_table", "resolve_device", "retry_on_oom", "run_layers", "temporary_edit", "tiny_model"]
+           "attention_weights", "batch_for", "cache_dir", "embedded_status", "exact_matmul", "installed_embedded",
+           "load_model", "position_table", "resolve_device", "retry_on_oom", "run_layers", "temporary_edit",
+           "tiny_model"]
