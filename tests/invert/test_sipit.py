@@ -558,9 +558,10 @@ def test_cli_invert_roundtrip_and_failures(tmp_path, capsys):
     np.save(npy, np.random.randn(4, 65).astype("float32"))
     assert main(["invert", str(npy), "-q", "--model", "tiny-gpt2", "--layer", "1"]) == 2
     assert "size 65" in capsys.readouterr().err
-    # no metadata and no --model/--layer
+    # no metadata and no --model: one clear error that names `sipit identify`
     assert main(["invert", str(npy), "-q"]) == 2
-    assert "--model and --layer" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "does not say which model made it: give --model" in err and "sipit identify" in err
     # NaN: that prompt fails with the reason, before any search
     np.save(npy, np.full((4, 64), np.nan, dtype="float32"))
     assert main(["invert", str(npy), "-q", "--model", "tiny-gpt2", "--layer", "1"]) == 1
