@@ -122,29 +122,21 @@ def capture_surface(lm: LM, prompts: list[list[int]], spec: SurfaceSpec, layer: 
     return {name: pad(xs, time_dim) for name, xs in out.items()}, ({"part": spec.part} if spec.kind == "kv" else {})
 
 
-@torch.no_grad()
-def layer_distances(lm: LM, ids: list[int], states: Tensor, final_norm: bool = False) -> list[float]:
-    """Largest relative distance over positions between `states` [T, d] and the states of their own
-    `ids` [T] at each layer 0..L, from one forward pass. -> [L+1]"""
-    from .invert.verify import rel_distance
-    from .models import run_layers
-
-    x = torch.tensor([ids], device=lm.device)
-    return [float(rel_distance(y[0], states.to(lm.device)).max())
-            for y in run_layers(lm, list(range(lm.n_layers + 1)), ids=x, final_norm=final_norm)]
-
-
 def check_layer(lm: LM, ids: list[int], states: Tensor, layer: int, final_norm: bool, error: float = 0.0) -> None:
-    """A file that carries its prompts' ids must match the layer it is inverted at: if the first
-    prompt's states match another layer of its own ids and not this one, one clear SipitError naming
-    that layer — in one forward pass, before any calibration (a wrong layer would otherwise fail only
-    after the policy is fitted at it)."""
-    d = layer_distances(lm, ids, states, final_norm)
-    best = min(range(len(d)), key=d.__getitem__)
-    match = 1e-3 + 2 * error  # far above recomputation noise (≤ 1e-5), far below a block's change (≳ 1e-2)
-    if best != layer and d[best] <= match and d[layer] > 10 * match:
-        raise SipitError(f"these states are layer {best} of {lm.name} for the file's own ids (relative distance "
-                         f"{d[best]:.2g}), not layer {layer} ({d[layer]:.2g}): give --layer {best}")
+    """A file that carries its prompts' ids must match the layer it is inverted at: if the first prompt's states
+    match another (layer, final norm) of its own ids and not this one (identify.identify_with_ids: one forward
+    pass), one clear SipitError naming that layer — before any calibration (a wrong layer would otherwise fail
+    only after the policy is fitted at it)."""
+    from .identify import identify_with_ids
+
+    ident = identify_with_ids(lm, ids, states, error)
+    asked = next(h for h in ident.hypotheses if (h.layer, h.final_norm) == (layer, final_norm))
+    best = ident.best
+    if best is not None and not asked.matched:
+        norm = " --final-norm" if best.final_norm else ""
+        raise SipitError(f"these states are {best.name} of {lm.name} for the file's own ids (scaled distance "
+                         f"{best.distance:.2g}), not layer {layer}{' with the final norm' if final_norm else ''} "
+                         f"({asked.distance:.2g}): give --layer {best.layer}{norm}")
 
 
 def open_surface(lm: LM, st, layer: int, final_norm: bool, sae: str | None = None):

@@ -249,8 +249,9 @@ def _nearest(x: Tensor, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]
 
 @torch.no_grad()
 def identify_with_ids(lm: LM, ids: list[int], states: Tensor, storage_error: float | None = None) -> Identification:
-    """With the prompt's own ids [T] known (a vLLM export, a sipit capture): every (layer, final_norm) scored by
-    the largest scaled distance over all T positions of states [T, d], from one forward pass."""
+    """With the prompt's own ids [T] known (a vLLM export, a sipit capture; capture.check_layer): every (layer,
+    final_norm) scored by the largest scaled distance over all T positions of states [T, d], from one forward
+    pass."""
     start = time.perf_counter()
     tol = tolerance(states, lm, storage_error)
     x = torch.tensor([ids], device=lm.device)
