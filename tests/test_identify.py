@@ -141,3 +141,15 @@ def test_smollm2s_layers_are_told_apart_where_massive_activations_hold_the_norm(
             ident = identify(smollm2, torch.stack([s[0] for s in states]).to(dtype), screens=screens)
             assert ident.best is not None and (ident.best.layer, ident.best.final_norm) == (layer, final_norm)
             assert ident.best.tokens == [i[0] for i in ids]
+
+
+def test_invert_tells_a_wrong_final_norm_from_the_files_own_ids(tmp_path, capsys):
+    """A capture (with its ids) of layer 2's raw stream, inverted as if normed: one clear error naming the layer."""
+    ids = tmp_path / "ids.txt"
+    ids.write_text("5 17 200 3\n")
+    out = tmp_path / "s.safetensors"
+    assert main(["capture", "--model", "tiny-llama", "--layer", "2", "--ids", str(ids), "-o", str(out)]) == 0
+    assert main(["invert", str(out), "--final-norm", "--policy", "exhaustive", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "these states are layer 2 of tiny-llama" in err and "not layer 2 with the final norm" in err
+    assert err.rstrip().endswith("give --layer 2")

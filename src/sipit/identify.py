@@ -27,6 +27,7 @@ the file carries its prompts' ids, one forward pass of them decides (identify_wi
 from __future__ import annotations
 
 import time
+from math import inf
 from dataclasses import dataclass
 
 import torch
@@ -241,7 +242,10 @@ def identify(lm: LM, first: Tensor, storage_error: float | None = None, *, scree
 
 def _nearest(x: Tensor, states: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
     """Each observed first position x [B, d] against candidates' states [n, d] at one hypothesis: the smallest
-    scaled distance [B] float64 and its token [B]."""
+    scaled distance [B] float64 and its token [B]; inf where the hypothesis' states are not as wide as x (a final
+    norm that projects: OPT-350m's project_out)."""
+    if states.shape[-1] != x.shape[-1]:
+        return torch.full((len(x),), inf, dtype=torch.float64), tokens[:1].expand(len(x))
     d = torch.stack([scaled_distance(xb[None], states) for xb in x])  # [B, n]
     i = d.argmin(1)
     return d.gather(1, i[:, None])[:, 0], tokens[i]
@@ -258,7 +262,7 @@ def identify_with_ids(lm: LM, ids: list[int], states: Tensor, storage_error: flo
     hypotheses = []
     for layer, h in enumerate(run_layers(lm, list(range(lm.n_layers + 1)), ids=x)):
         for final_norm, y in ((False, h[0]), (True, lm.norm(h)[0])):
-            d = float(scaled_distance(states.to(y.device), y).max())
+            d = float(scaled_distance(states.to(y.device), y).max()) if y.shape[-1] == states.shape[-1] else inf
             hypotheses.append(Hypothesis(layer, final_norm, int(d <= tol), [d], list(ids[:1])))
     hypotheses.sort(key=lambda h: (-h.matched, h.distance))
     return Identification(lm.name, hypotheses, tol, 1, 0, time.perf_counter() - start, by_ids=True)
