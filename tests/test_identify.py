@@ -70,6 +70,26 @@ def test_cli_names_the_layer_and_the_invert_command(tmp_path, capsys):
     assert main(["--threads", "1", "identify", str(tmp_path / "nn.pt"), "--model", "tiny-gpt2"]) == 1
 
 
+def test_a_left_padded_batch_is_identified_from_its_prompts_first_tokens(tmp_path, capsys):
+    """A raw dump of a left-padded batch's layer (the padding at position 0) with its attention_mask given apart: each
+    row's first token is where its mask starts, and the invert line passes the mask on."""
+    lm = load_model("tiny-llama")
+    T = max(map(len, PROMPTS))
+    ids, mask = torch.zeros(len(PROMPTS), T, dtype=torch.long), torch.zeros(len(PROMPTS), T, dtype=torch.long)
+    for i, p in enumerate(PROMPTS):
+        ids[i, T - len(p):], mask[i, T - len(p):] = torch.tensor(p), 1
+    torch.save(lm.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[3], tmp_path / "nn.pt")
+    torch.save(mask, tmp_path / "mask.pt")
+    nn, m = tmp_path / "nn.pt", tmp_path / "mask.pt"
+    assert main(["--threads", "1", "identify", str(nn), "--model", "tiny-llama", "--attention-mask", str(m)]) == 0
+    out = capsys.readouterr().out
+    assert "layer 3 of tiny-llama: position 0 of 3/3 prompt(s)" in out
+    assert f"invert with: sipit invert {nn} --attention-mask {m} --model tiny-llama --layer 3\n" in out
+    assert main(["--threads", "1", "invert", str(nn), "--attention-mask", str(m), "--model", "tiny-llama", "--layer",
+                 "3", "--policy", "exhaustive", "-q"]) == 0
+    assert [json.loads(line)["ids"] for line in (tmp_path / "nn.results.jsonl").read_text().splitlines()] == PROMPTS
+
+
 def test_a_vllm_exports_slots_are_identified_from_its_ids(tmp_path, capsys):
     lm = load_model("tiny-gpt2")
     ids = torch.tensor([PROMPTS[0]])

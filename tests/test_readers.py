@@ -94,3 +94,73 @@ def test_vllm_export_layout(tiny_lm, tmp_path, capsys):
     code, printed, recovered = invert_file(path, tiny_lm.name, capsys, "--layer", "2", "--file-layers", "1,2")
     assert code == 0 and "-> exact" in printed and recovered == ids.tolist()
     assert main(["invert", str(path), "--model", tiny_lm.name, "--layer", "2", "--file-layers", "1,2,3"]) == 2
+
+
+def padded_batch(lm, prompts, side, position_ids=True):
+    """A tokenizer's padded batch of `prompts` (pad id 0) and transformers' hidden_states of it: (input_ids [B, T],
+    attention_mask [B, T], hidden_states tuple). position_ids: from the mask, as generate() makes them; else a plain
+    forward's (0..T-1 in every row)."""
+    T = max(map(len, prompts))
+    ids, mask = torch.zeros(len(prompts), T, dtype=torch.long), torch.zeros(len(prompts), T, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        at = slice(T - len(p), T) if side == "left" else slice(0, len(p))
+        ids[i, at], mask[i, at] = torch.tensor(p), 1
+    pos = (mask.cumsum(1) - 1).clamp_min(0) if position_ids else None
+    hs = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True).hidden_states
+    return ids, mask, tuple(hs)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_padded_batch_is_read_with_its_attention_mask(tiny_lm, side, tmp_path, capsys):
+    """transformers' states of a padded batch: each row's prompt is where its attention_mask is 1 (saved beside the
+    states, or given apart); without the mask the padding is inverted as if it were the prompt's, and fails."""
+    prompts = [[5, 9, 14, 200, 33, 7, 81], [40, 41], [3, 90, 17, 4]]
+    ids, mask, hs = padded_batch(tiny_lm, prompts, side)
+    torch.save({"hidden_states": hs, "attention_mask": mask, "input_ids": ids}, tmp_path / "enc.pt")
+    save_file({**{f"hidden_states.{i}": h for i, h in enumerate(hs)}, "attention_mask": mask},
+              tmp_path / "hs.safetensors")
+    torch.save(hs, tmp_path / "hs.pt")
+    torch.save(mask, tmp_path / "mask.pt")
+    st = load_states(tmp_path / "enc.pt", layer=2)
+    assert st.ids == prompts and [len(p) for p in st.prompts] == [7, 2, 4] and st.left_padded == (side == "left")
+    code, printed, recovered = invert_file(tmp_path / "enc.pt", tiny_lm.name, capsys, "--layer", "2")
+    assert code == 0 and printed.count("-> exact") == 3 and recovered == prompts
+    for name, extra in (("hs.safetensors", ()), ("hs.pt", ("--attention-mask", str(tmp_path / "mask.pt")))):
+        code, _, recovered = invert_file(tmp_path / name, tiny_lm.name, capsys, "--layer", "2", *extra)
+        assert code == 0 and recovered == prompts
+    torch.save(hs, tmp_path / "unmasked.pt")
+    code, printed, _ = invert_file(tmp_path / "unmasked.pt", tiny_lm.name, capsys, "--layer", "2")
+    assert code == 1 and "[1] FAILED" in printed and "give its attention_mask" in printed
+
+
+def test_padding_masks_that_do_not_fit_are_one_clear_error(tmp_path):
+    from sipit.states import StatesError
+
+    x = torch.randn(2, 4, 8)
+    cases = {"holes": torch.tensor([[1, 0, 1, 1], [1, 1, 1, 1]]), "shape": torch.ones(2, 5), "empty": torch.tensor(
+        [[0, 0, 0, 0], [1, 1, 1, 1]]), "values": torch.full((2, 4), 2)}
+    errors = {"holes": "padding between its tokens", "shape": "does not fit", "empty": "all padding",
+              "values": "only 0"}
+    for name, mask in cases.items():
+        torch.save({"hidden_states": x, "attention_mask": mask}, tmp_path / f"{name}.pt")
+        with pytest.raises(StatesError, match=errors[name]):
+            load_states(tmp_path / f"{name}.pt")
+    torch.save(torch.ones(2, 4), tmp_path / "mask.pt")
+    with pytest.raises(StatesError, match="holds its own attention_mask"):
+        load_states(tmp_path / "holes.pt", mask=tmp_path / "mask.pt")
+    assert main(["invert", str(tmp_path / "holes.pt"), "--model", "tiny-llama", "--layer", "1"]) == 2
+
+
+def test_left_padding_of_learned_positions_is_warned_about(tmp_path, capsys):
+    """GPT-2's plain forward of a left-padded batch places a prompt after its padding (its positions are learned and
+    counted from the row's start): those states are not the prompt's own, and sipit says so; generate()'s are."""
+    gpt2, llama = load_model("tiny-gpt2"), load_model("tiny-llama")
+    assert gpt2.left_padding_moves and not llama.left_padding_moves
+    prompts = [[5, 9, 14, 200], [40, 41]]
+    for position_ids, recovered_ok in ((False, False), (True, True)):
+        ids, mask, hs = padded_batch(gpt2, prompts, "left", position_ids)
+        torch.save({"hidden_states": hs, "attention_mask": mask}, tmp_path / f"{position_ids}.pt")
+        code, _, recovered = invert_file(tmp_path / f"{position_ids}.pt", "tiny-gpt2", capsys, "--layer", "2")
+        assert (code == 0 and recovered == prompts) == recovered_ok
+    assert main(["invert", str(tmp_path / "False.pt"), "--model", "tiny-gpt2", "--layer", "2", "-q"]) == 1
+    assert "holds left-padded prompts" in capsys.readouterr().err

@@ -8,11 +8,11 @@ from .io import SipitError
 
 
 def identify_file(path: Path, model_names: list[str] | None, load, screens: dict,
-                  exhaustive: bool = False) -> list[tuple[str, object]]:
+                  exhaustive: bool = False, mask: str | None = None) -> list[tuple[str, object]]:
     """(label, Identification) for each candidate model of one file (a vLLM export: for each of its layer slots,
     from its own token ids). model_names: the models to try (None: the file's own, else every installed
     embedded model as wide as the states); load(name) -> LM; screens: Screens per model name, fitted on first use;
-    exhaustive: identify's."""
+    exhaustive: identify's; mask: a padded batch's attention_mask file (load_states)."""
     from .identify import PROBE, Screens, identify_states, identify_with_ids
     from .readers import vllm_export
     from .states import load_states, read_tensors
@@ -22,7 +22,7 @@ def identify_file(path: Path, model_names: list[str] | None, load, screens: dict
         hs, ids = tensors["hidden_states"], tensors["token_ids"].tolist()
         return [(f"slot {i}", identify_with_ids(lm, ids, hs[:, i]))
                 for lm in _candidates(path, model_names, None, hs.shape[-1], load) for i in range(hs.shape[1])]
-    st = load_states(path)
+    st = load_states(path, mask=mask)
     if st.surface != "states":
         raise SipitError(f"{path}: a {st.surface} file; `sipit identify` reads hidden states (its layer is the "
                          "file's: give it to `sipit invert` with --layer)")
@@ -53,8 +53,9 @@ def _candidates(path: Path, names: list[str] | None, own: str | None, width: int
     return fitting
 
 
-def describe(path: Path, label: str, ident) -> str:
-    """One result as lines a person reads, ending with the `sipit invert` command it implies."""
+def describe(path: Path, label: str, ident, mask: str | None = None) -> str:
+    """One result as lines a person reads, ending with the `sipit invert` command it implies (mask: the
+    --attention-mask file it was read with)."""
     where = f"{path}{' ' + label if label else ''}"
     seen = "every position of the file's own ids" if ident.by_ids else \
         f"position 0 of {ident.hypotheses[0].matched}/{ident.prompts} prompt(s)"
@@ -75,7 +76,8 @@ def describe(path: Path, label: str, ident) -> str:
             f"{ident.tolerance:.2g}; next: {runner.name}, {runner.distance:.2g}) [{ident.seconds:.1f}s]")
     if label:  # a vLLM slot: slots_command gives the file's line
         return line
-    return line + f"\n  invert with: sipit invert {path} --model {ident.model} --layer {best.layer}{norm}"
+    mask = f" --attention-mask {mask}" if mask else ""
+    return line + f"\n  invert with: sipit invert {path}{mask} --model {ident.model} --layer {best.layer}{norm}"
 
 
 def slots_command(path: Path, results: list[tuple[str, object]]) -> str | None:
@@ -105,9 +107,9 @@ def cmd_identify(args):
     for path in map(Path, args.files):
         if not path.is_file():
             raise SipitError(f"states file not found: {path}")
-        results = identify_file(path, args.model, load, screens, args.exhaustive)
+        results = identify_file(path, args.model, load, screens, args.exhaustive, args.attention_mask)
         for label, ident in results:
-            print(describe(path, label, ident))
+            print(describe(path, label, ident, args.attention_mask))
             rows.append(dict(file=str(path), slot=label or None, **ident.to_json()))
         if results and results[0][0] and (command := slots_command(path, results)):
             print(command)
@@ -137,5 +139,7 @@ def add_identify_parser(sub) -> None:
     s.add_argument("--exhaustive", action="store_true",
                    help="where no shortlisted token matches, run every token through every block (SmolLM2: 145 s "
                         "on 2 CPU threads)")
+    s.add_argument("--attention-mask", default=None, metavar="FILE",
+                   help="a padded batch's attention_mask [B, T], where the states file does not hold it")
     s.add_argument("--json", help="also write every hypothesis' scores as JSON here")
     s.set_defaults(fn=cmd_identify)

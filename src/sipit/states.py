@@ -21,6 +21,10 @@ Any observation tensor may be stored in low precision (storage.py: metadata `sto
 NAME, scales in NAME.scale); its ε then comes from the format. `.npy` (no pickles) and `.pt`
 (weights_only=True) are read too, and files other tools write (readers.py): transformers
 hidden_states tuples, TransformerLens caches, nnsight saves, vLLM hidden-states exports.
+
+A padded batch (a tokenizer's `padding=True`, left or right) is read with its `attention_mask` [B, T]
+(beside the observations in the file, or given apart: load_states' `mask`): each row's prompt is its
+positions where the mask is 1, and the batch's `input_ids` [B, T], where the file has them, its ids.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from torch import Tensor
 
 from .io import SipitError, atomic_write
 
+PADDING_TENSORS = ("attention_mask", "input_ids")  # a tokenizer's output saved beside a padded batch's states
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 SURFACE_TENSORS = {"states": ("hidden_states",), "kv": ("keys", "values"), "logits": ("logits",),
                    "logprobs": ("logprobs",), "projection": ("projected",),
@@ -62,6 +67,7 @@ class States:
     sae_indices: list[Tensor] | None = None  # sae, stored sparse: per prompt [T_i, m], the latents of prompts' values
     sae_bounds: list[Tensor] | None = None  # sae in a storage format: elementwise bounds of prompts' values
     error: float | None = None  # relative rounding error of a low-precision storage format (storage.py)
+    left_padded: bool = False  # some prompt's row began with padding (its attention_mask): invert/cli.py warns
 
     @property
     def d_model(self) -> int:
@@ -118,19 +124,62 @@ def save_surface(path: str | Path, tensors: dict[str, Tensor], lengths: list[int
     return atomic_write(path, save(out, metadata=meta))
 
 
-def load_states(path: str | Path, layer: int | None = None, file_layers: list[int] | None = None) -> States:
+def load_states(path: str | Path, layer: int | None = None, file_layers: list[int] | None = None,
+                mask: str | Path | None = None) -> States:
     """Read and validate an observation file. Raises StatesError with one clear message.
 
     `layer` picks one layer from a file that holds several (a transformers hidden_states tuple, a
-    TransformerLens cache, a vLLM export whose layer ids `file_layers` the file does not record)."""
+    TransformerLens cache, a vLLM export whose layer ids `file_layers` the file does not record).
+    `mask`: a file holding the batch's attention_mask [B, T], where the states file has none (read_mask)."""
     from .readers import foreign
 
     path = Path(path)
     if not path.is_file():
         raise StatesError(f"states file not found: {path}")
     tensors, meta = read_tensors(path)
+    padding = {k: tensors.pop(k) for k in PADDING_TENSORS if k in tensors}  # (no reader reads them)
+    if mask is not None:
+        if "attention_mask" in padding:
+            raise StatesError(f"{path} holds its own attention_mask: --attention-mask {mask} is not needed")
+        padding["attention_mask"] = read_mask(Path(mask))
     tensors, meta = foreign(path, tensors, meta, layer, file_layers)
-    return _validate(path, tensors, meta)
+    return _validate(path, {**tensors, **padding}, meta)
+
+
+def read_mask(path: Path) -> Tensor:
+    """A batch's attention_mask [B, T] (or [T]) from its own file: the file's one tensor, or the one named
+    attention_mask (a tokenizer's whole output saved as a dict)."""
+    if not path.is_file():
+        raise StatesError(f"attention mask file not found: {path}")
+    tensors, _ = read_tensors(path)
+    if "attention_mask" in tensors:
+        return tensors["attention_mask"]
+    if len(tensors) == 1 and "hidden_states" in tensors:  # (_read_npy and _read_pt name a lone tensor so)
+        return tensors["hidden_states"]
+    raise StatesError(f"{path}: expected one tensor or one named attention_mask, found {', '.join(tensors)}")
+
+
+def _spans(path: Path, mask: Tensor, B: int, T: int) -> list[tuple[int, int]]:
+    """Each row's prompt positions [start, end) from a padded batch's attention_mask [B, T] (1: a prompt's token,
+    0: padding); each row's 1s must be one run, as left or right padding leaves them."""
+    if mask.dim() == 1:
+        mask = mask[None]
+    if list(mask.shape) != [B, T]:
+        raise StatesError(f"{path}: attention_mask {list(mask.shape)} does not fit the observations' [B, T] = "
+                          f"{[B, T]}")
+    if mask.is_complex() or not ((mask == 0) | (mask == 1)).all():
+        raise StatesError(f"{path}: attention_mask must hold only 0 (padding) and 1 (a prompt's token)")
+    spans = []
+    for i, row in enumerate(mask.bool()):
+        at = row.nonzero()[:, 0]
+        if len(at) == 0:
+            raise StatesError(f"{path}: attention_mask row {i} is all padding")
+        start, end = int(at[0]), int(at[-1]) + 1
+        if len(at) != end - start:
+            raise StatesError(f"{path}: attention_mask row {i} has padding between its tokens (expected left or "
+                              "right padding: one run of 1s)")
+        spans.append((start, end))
+    return spans
 
 
 def read_tensors(path: Path) -> tuple[dict[str, Tensor], dict]:
@@ -165,7 +214,8 @@ def _read_npy(path: Path):
 
 def _read_pt(path: Path):
     """A tensor, a dict of tensors, or a tuple/list of tensors (one: nnsight's saved block output;
-    several: a transformers hidden_states tuple, read as hidden_states.0 ... hidden_states.L)."""
+    several: a transformers hidden_states tuple, read as hidden_states.0 ... hidden_states.L), also as the
+    hidden_states of a dict (beside its batch's attention_mask and input_ids)."""
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
@@ -175,6 +225,10 @@ def _read_pt(path: Path):
         return ({"hidden_states": obj[0]} if len(obj) == 1 else {f"hidden_states.{i}": t for i, t in enumerate(obj)}), {}
     if isinstance(obj, Tensor):
         return {"hidden_states": obj}, {}
+    if isinstance(obj, dict) and isinstance(obj.get("hidden_states"), (tuple, list)):  # {hidden_states: tuple, mask}
+        hs = obj["hidden_states"]
+        obj = {**{k: v for k, v in obj.items() if k != "hidden_states"},
+               **({"hidden_states": hs[0]} if len(hs) == 1 else {f"hidden_states.{i}": t for i, t in enumerate(hs)})}
     if isinstance(obj, dict) and obj and all(isinstance(t, Tensor) for t in obj.values()):
         return dict(obj), {}
     raise StatesError(f"{path}: expected a tensor, a dict of tensors or a tuple of tensors, got {type(obj).__name__}")
@@ -257,32 +311,50 @@ def _observations(path: Path, surface: str, tensors: dict, meta: dict):
     return x, bound, dict(projection=P.float())
 
 
+def _ids_in(path: Path, input_ids: Tensor, B: int, T: int, spans: list[tuple[int, int]]) -> list[list[int]]:
+    """A padded batch's input_ids [B, T] (or [T]) -> each row's prompt ids (its spans), the file's ground truth."""
+    input_ids = input_ids[None] if input_ids.dim() == 1 else input_ids
+    if list(input_ids.shape) != [B, T] or input_ids.is_floating_point():
+        raise StatesError(f"{path}: input_ids {list(input_ids.shape)} {input_ids.dtype} do not fit the observations' "
+                          f"[B, T] = {[B, T]}")
+    return [input_ids[i, s:e].tolist() for i, (s, e) in enumerate(spans)]
+
+
 def _validate(path: Path, tensors: dict, meta: dict) -> States:
     from .storage import storage_error
 
     surface = _surface(path, tensors, meta)
     x, bound, extra = _observations(path, surface, tensors, meta)
+    B, T = x.shape[:2]
     try:
-        lengths = json.loads(meta["lengths"]) if "lengths" in meta else [x.shape[1]] * x.shape[0]
+        lengths = json.loads(meta["lengths"]) if "lengths" in meta else [T] * B
         ids = json.loads(meta["ids"]) if "ids" in meta else None
         layer = int(meta["layer"]) if "layer" in meta else None
     except (ValueError, TypeError) as e:
         raise StatesError(f"{path}: malformed metadata: {e}") from e
-    if len(lengths) != x.shape[0] or not all(0 < n <= x.shape[1] for n in lengths):
+    if len(lengths) != B or not all(0 < n <= T for n in lengths):
         hint = " (kv tensors must be in HF's layout [B, n_kv_heads, T, head_dim])" if surface == "kv" else ""
         raise StatesError(f"{path}: metadata 'lengths' {lengths} does not fit the observations {list(x.shape)}{hint}")
-    if ids is not None and [len(i) for i in ids] != lengths:
-        raise StatesError(f"{path}: metadata 'ids' lengths {[len(i) for i in ids]} do not match the states {lengths}")
+    spans = [(0, n) for n in lengths]
+    if "attention_mask" in tensors:
+        if "lengths" in meta:
+            raise StatesError(f"{path}: both metadata 'lengths' and an attention_mask: give one")
+        spans = _spans(path, tensors["attention_mask"], B, T)
+        if ids is None and "input_ids" in tensors:
+            ids = _ids_in(path, tensors["input_ids"], B, T, spans)
+    if ids is not None and [len(i) for i in ids] != [e - s for s, e in spans]:
+        raise StatesError(f"{path}: metadata 'ids' lengths {[len(i) for i in ids]} do not match the states "
+                          f"{[e - s for s, e in spans]}")
     # the observations themselves (size, NaN) are checked where they are inverted (invert.as_prompts,
     # and per prompt in the loop: one non-finite prompt fails, the others are still recovered)
-    prompts = [x[i, :n] for i, n in enumerate(lengths)]
+    prompts = [x[i, s:e] for i, (s, e) in enumerate(spans)]
     if "sae_indices" in extra:
-        extra["sae_indices"] = [extra["sae_indices"][i, :n] for i, n in enumerate(lengths)]
+        extra["sae_indices"] = [extra["sae_indices"][i, s:e] for i, (s, e) in enumerate(spans)]
     if surface == "sae" and bound is not None:  # (the SAE's reconstruction error is bounded from them: capture.py)
-        extra["sae_bounds"] = [bound[i, :n] for i, n in enumerate(lengths)]
+        extra["sae_bounds"] = [bound[i, s:e] for i, (s, e) in enumerate(spans)]
     error = None
     if bound is not None:
-        error = max(storage_error(p, bound[i, :len(p)]) for i, p in enumerate(prompts))
+        error = max(storage_error(p, bound[i, s:e]) for i, (p, (s, e)) in enumerate(zip(prompts, spans)))
     return States(prompts, model=meta.get("model"), layer=layer, final_norm=meta.get("final_norm") == "true",
                   precision=meta.get("precision"), tokenizer=meta.get("tokenizer"), ids=ids, meta=dict(meta),
-                  surface=surface, error=error, **extra)
+                  surface=surface, error=error, left_padded=any(s > 0 for s, _ in spans), **extra)

@@ -50,7 +50,7 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     from .learned.config import calibration_config
     from ..states import load_states
 
-    st = load_states(path, args.layer, args.file_layers)
+    st = load_states(path, args.layer, args.file_layers, args.attention_mask)
     model = args.model or st.model
     layer = args.layer if args.layer is not None else st.layer
     if model is None:
@@ -63,6 +63,11 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     lm = models[model, precision]
     if layer is None:  # (the screens it fits are kept beside the model, for the run's other files)
         layer, final_norm = identified_layer(path, lm, st, args.final_norm, models, (model, precision, "screens"))
+    if st.left_padded and lm.left_padding_moves:
+        print(f"sipit: warning: {path} holds left-padded prompts, and {model} counts positions from a row's start: "
+              "states of a plain forward (no position_ids) place a prompt after its padding, where they are not its "
+              "own and are not recovered; those of generate() (position_ids = attention_mask.cumsum(-1) - 1) are",
+              file=sys.stderr)
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: {path} was made with another tokenizer than {model}'s", file=sys.stderr)
     tap, prompts, error = open_surface(lm, st, lm.layer_index(layer), final_norm, sae=args.sae)
@@ -98,6 +103,9 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
                               batch_prompts=args.batch_prompts, draft=args.draft)
     with open(path, "rb") as f:
         key = hashlib.file_digest(f, "sha256")
+    if args.attention_mask:
+        with open(args.attention_mask, "rb") as f:
+            key.update(hashlib.file_digest(f, "sha256").digest())
     key.update(repr((lm.fingerprint, tap.key, args.policy, config, args.noise, args.seed, args.max_seconds)).encode())
     return FileJob(path, out, lm, model, layer, final_norm, tap, prompts, st.ids, config, key.hexdigest()[:16])
 
@@ -286,6 +294,9 @@ def add_invert_parser(sub) -> None:
                         "whose results exist for the same inputs are skipped")
     s.add_argument("--file-layers", type=lambda v: [int(x) for x in v.split(",")], default=None,
                    help="vLLM exports: the layer ids the file holds, in order (eagle_aux_hidden_state_layer_ids)")
+    s.add_argument("--attention-mask", default=None, metavar="FILE",
+                   help="a padded batch's attention_mask [B, T] (.pt/.npy/.safetensors), where the states file does "
+                        "not hold it: each row's prompt is where it is 1 (left or right padding)")
     s.add_argument("--model", default=None, help="default: the file's metadata")
     s.add_argument("--layer", type=int, default=None, help="default: the file's metadata")
     s.add_argument("--sae", default=None, metavar="DIR",

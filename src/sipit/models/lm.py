@@ -326,6 +326,19 @@ class LM:
         passes of its own instead, and never passes rows flat."""
         return bool(set(getattr(self.model.config.get_text_config(), "layer_types", None) or ()) & RECURRENT_LAYERS)
 
+    @cached_property
+    def left_padding_moves(self) -> bool:
+        """Whether a plain forward of a left-padded batch (an attention_mask, no position_ids) gives a row's tokens other
+        states than the row alone: where positions are learned and counted from the row's start (GPT-2, GPT-Neo: the
+        first token sits at the padding's length); not where attention sees distances only (rotary) or the positions
+        come from the mask (OPT). One forward of three tokens."""
+        ids = torch.tensor([[0, 1, 2]], device=self.device)
+        with torch.no_grad():
+            alone = self.run_base(input_ids=ids[:, 1:]).last_hidden_state[0].float()
+            padded = self.run_base(input_ids=ids, attention_mask=torch.tensor([[0, 1, 1]], device=self.device))
+        diff = (padded.last_hidden_state[0, 1:].float() - alone).norm() / alone.norm().clamp_min(1e-30)
+        return bool(diff > 1e-3)
+
     def logits(self, ids: Tensor, cache=None) -> Tensor:
         """Next-token logits [B, T, V] for ids [B, T], after the positions `cache` holds (a transformers Cache, which
         the call extends: step-by-step sampling) when one is given; differentiable when grads are enabled."""
