@@ -1,4 +1,6 @@
 """Files other tools write, read back and inverted exactly (real transformers / TransformerLens / nnsight)."""
+import copy
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -80,6 +82,30 @@ def test_nnsight_saved_block_output(tmp_path, capsys):
     assert code == 1 and "[0] recovered" not in printed and "[0] FAILED" in printed
 
 
+def test_nnsight_batch_is_left_padded_and_read_with_its_mask(tmp_path, capsys):
+    """nnsight pads a batch of prompts on the left (and counts positions from the mask): the saved block output
+    [B, T, d] and the tokenizer's attention_mask of the same batch give every prompt back."""
+    import nnsight
+
+    lm = load_model("tiny-llama")
+    texts = ["a longer first prompt", "short", "middle one"]
+    tokenizer = copy.deepcopy(lm.tokenizer)
+    tokenizer.pad_token = "!"  # (the tiny byte tokenizer has no pad or eos token, which nnsight would pad with)
+    if hasattr(nnsight, "TransformersModel"):
+        model = nnsight.TransformersModel(lm.model, task="text-generation", tokenizer=tokenizer)
+    else:
+        model = nnsight.LanguageModel(lm.model, tokenizer=tokenizer)
+    with model.trace(texts):
+        out = model.model.layers[1].output.save()
+    enc = model.tokenizer(texts, padding=True, return_tensors="pt")
+    assert model.tokenizer.padding_side == "left" and not enc["attention_mask"].all()
+    torch.save(out.detach(), tmp_path / "nn.pt")
+    torch.save(enc["attention_mask"], tmp_path / "mask.pt")
+    code, _, recovered = invert_file(tmp_path / "nn.pt", "tiny-llama", capsys, "--layer", "2", "--attention-mask",
+                                     str(tmp_path / "mask.pt"))
+    assert code == 0 and recovered == [lm.encode(t) for t in texts]
+
+
 def test_vllm_export_layout(tiny_lm, tmp_path, capsys):
     """vLLM's extract_hidden_states connector: hidden_states [T, n_layers, d] (aux layer id i = input of
     block i) and token_ids [T], without the layer ids."""
@@ -151,16 +177,21 @@ def test_padding_masks_that_do_not_fit_are_one_clear_error(tmp_path):
     assert main(["invert", str(tmp_path / "holes.pt"), "--model", "tiny-llama", "--layer", "1"]) == 2
 
 
-def test_left_padding_of_learned_positions_is_warned_about(tmp_path, capsys):
-    """GPT-2's plain forward of a left-padded batch places a prompt after its padding (its positions are learned and
-    counted from the row's start): those states are not the prompt's own, and sipit says so; generate()'s are."""
-    gpt2, llama = load_model("tiny-gpt2"), load_model("tiny-llama")
-    assert gpt2.left_padding_moves and not llama.left_padding_moves
+@pytest.mark.parametrize("spec,surface", [("tiny-gpt2", "states"), ("tiny-llama", "kv")])
+def test_left_padding_that_moves_positions_is_warned_about(spec, surface, tmp_path, capsys):
+    """A plain forward of a left-padded batch places a prompt after its padding: GPT-2's learned positions and a
+    rotary model's keys then differ from the prompt's own, and sipit says so; generate()'s position_ids do not."""
+    lm = load_model(spec)
+    assert lm.left_padding_moves == (spec == "tiny-gpt2")
     prompts = [[5, 9, 14, 200], [40, 41]]
     for position_ids, recovered_ok in ((False, False), (True, True)):
-        ids, mask, hs = padded_batch(gpt2, prompts, "left", position_ids)
-        torch.save({"hidden_states": hs, "attention_mask": mask}, tmp_path / f"{position_ids}.pt")
-        code, _, recovered = invert_file(tmp_path / f"{position_ids}.pt", "tiny-gpt2", capsys, "--layer", "2")
+        ids, mask, _ = padded_batch(lm, prompts, "left")
+        pos = (mask.cumsum(1) - 1).clamp_min(0) if position_ids else None
+        out = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, output_hidden_states=True)
+        saved = ({"hidden_states": out.hidden_states} if surface == "states" else
+                 {"keys": out.past_key_values.layers[1].keys, "values": out.past_key_values.layers[1].values})
+        torch.save({**saved, "attention_mask": mask}, tmp_path / f"{position_ids}.pt")
+        code, _, recovered = invert_file(tmp_path / f"{position_ids}.pt", spec, capsys, "--layer", "2")
         assert (code == 0 and recovered == prompts) == recovered_ok
-    assert main(["invert", str(tmp_path / "False.pt"), "--model", "tiny-gpt2", "--layer", "2", "-q"]) == 1
+    assert main(["invert", str(tmp_path / "False.pt"), "--model", spec, "--layer", "2", "-q"]) == 1
     assert "holds left-padded prompts" in capsys.readouterr().err

@@ -63,11 +63,13 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     lm = models[model, precision]
     if layer is None:  # (the screens it fits are kept beside the model, for the run's other files)
         layer, final_norm = identified_layer(path, lm, st, args.final_norm, models, (model, precision, "screens"))
-    if st.left_padded and lm.left_padding_moves:
-        print(f"sipit: warning: {path} holds left-padded prompts, and {model} counts positions from a row's start: "
-              "states of a plain forward (no position_ids) place a prompt after its padding, where they are not its "
-              "own and are not recovered; those of generate() (position_ids = attention_mask.cumsum(-1) - 1) are",
-              file=sys.stderr)
+    rotated_keys = st.surface == "kv" and st.part != "values"
+    if st.left_padded and (rotated_keys or lm.left_padding_moves):
+        what = "keys are rotated by" if rotated_keys else "states depend on"
+        print(f"sipit: warning: {path} holds left-padded prompts, and {model}'s {what} a token's position counted "
+              "from its row's start: those of a plain forward (no position_ids) place a prompt after its padding, "
+              "where they are not its own and are not recovered; those of generate() or nnsight (position_ids = "
+              "attention_mask.cumsum(-1) - 1) are", file=sys.stderr)
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: {path} was made with another tokenizer than {model}'s", file=sys.stderr)
     tap, prompts, error = open_surface(lm, st, lm.layer_index(layer), final_norm, sae=args.sae)
