@@ -155,8 +155,12 @@ def test_a_padded_batch_is_read_with_its_attention_mask(tiny_lm, side, tmp_path,
         code, _, recovered = invert_file(tmp_path / name, tiny_lm.name, capsys, "--layer", "2", *extra)
         assert code == 0 and recovered == prompts
     torch.save(hs, tmp_path / "unmasked.pt")
-    code, printed, _ = invert_file(tmp_path / "unmasked.pt", tiny_lm.name, capsys, "--layer", "2")
-    assert code == 1 and "[1] FAILED" in printed and "give its attention_mask" in printed
+    code = main(["--threads", "1", "invert", str(tmp_path / "unmasked.pt"), "--model", tiny_lm.name, "--layer", "2",
+                 "--policy", "exhaustive", "-q"])
+    io = capsys.readouterr()
+    assert code == 1 and "[1] FAILED" in io.out and "give its attention_mask" in io.out
+    # left padding is told before the search: its every position computes the same state
+    assert ("rows 1 (5), 2 (3) open with that many identical states" in io.err) == (side == "left")
 
 
 def test_padding_masks_that_do_not_fit_are_one_clear_error(tmp_path):

@@ -311,6 +311,16 @@ def _observations(path: Path, surface: str, tensors: dict, meta: dict):
     return x, bound, dict(projection=P.float())
 
 
+def repeated_start(x: Tensor) -> int:
+    """How many leading positions of one prompt's observations x [T, k] equal position 0 bit for bit, before a
+    position that differs (0 if none does): a left-padded row's padding, whose every position computes the same
+    state (nothing to attend to), where no mask says so. A prompt opening with one token repeated does the same
+    under rotary positions."""
+    same = (x == x[0]).all(-1).long().cumprod(0)
+    run = int(same.sum())
+    return run if run < len(x) else 0
+
+
 def _ids_in(path: Path, input_ids: Tensor, B: int, T: int, spans: list[tuple[int, int]]) -> list[list[int]]:
     """A padded batch's input_ids [B, T] (or [T]) -> each row's prompt ids (its spans), the file's ground truth."""
     input_ids = input_ids[None] if input_ids.dim() == 1 else input_ids

@@ -48,7 +48,7 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     from ..models import LayerTap, load_model
     from .config import InvertConfig, batch_size_for
     from .learned.config import calibration_config
-    from ..states import load_states
+    from ..states import load_states, repeated_start
 
     st = load_states(path, args.layer, args.file_layers, args.attention_mask)
     model = args.model or st.model
@@ -73,6 +73,12 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: {path} was made with another tokenizer than {model}'s", file=sys.stderr)
     tap, prompts, error = open_surface(lm, st, lm.layer_index(layer), final_norm, sae=args.sae)
+    runs = {i: k for i, p in enumerate(prompts) if (k := repeated_start(p)) > 1}
+    if runs and len(prompts) > 1 and not st.left_padded and "lengths" not in st.meta:
+        rows = ", ".join(f"{i} ({k})" for i, k in list(runs.items())[:5]) + (", ..." if len(runs) > 5 else "")
+        print(f"sipit: warning: {path}: rows {rows} open with that many identical states, as a left-padded batch's "
+              "padding does: give its attention_mask (--attention-mask FILE), or those rows fail at position 0 once "
+              "every token was tried there", file=sys.stderr)
     if st.ids and type(tap) is LayerTap:  # plain states with their ids: a wrong layer is told in seconds
         check_layer(lm, st.ids[0], prompts[0], tap.layer, final_norm, error)
     if args.noise:  # relative noise of norm sigma*||h_t|| per position; eps must then exceed sigma
