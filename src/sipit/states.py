@@ -221,14 +221,15 @@ def _read_pt(path: Path):
     except Exception as e:
         raise StatesError(f"{path}: cannot load with weights_only=True (arbitrary pickles are refused; "
                           f"save a tensor or {{'hidden_states': tensor}}): {type(e).__name__}: {str(e)[:200]}") from e
+    def named(seq) -> dict:  # one tensor: hidden_states; a tuple: hidden_states.0 ... hidden_states.L
+        return {"hidden_states": seq[0]} if len(seq) == 1 else {f"hidden_states.{i}": t for i, t in enumerate(seq)}
+
     if isinstance(obj, (tuple, list)) and obj and all(isinstance(t, Tensor) for t in obj):
-        return ({"hidden_states": obj[0]} if len(obj) == 1 else {f"hidden_states.{i}": t for i, t in enumerate(obj)}), {}
+        return named(obj), {}
     if isinstance(obj, Tensor):
         return {"hidden_states": obj}, {}
     if isinstance(obj, dict) and isinstance(obj.get("hidden_states"), (tuple, list)):  # {hidden_states: tuple, mask}
-        hs = obj["hidden_states"]
-        obj = {**{k: v for k, v in obj.items() if k != "hidden_states"},
-               **({"hidden_states": hs[0]} if len(hs) == 1 else {f"hidden_states.{i}": t for i, t in enumerate(hs)})}
+        obj = {**{k: v for k, v in obj.items() if k != "hidden_states"}, **named(obj["hidden_states"])}
     if isinstance(obj, dict) and obj and all(isinstance(t, Tensor) for t in obj.values()):
         return dict(obj), {}
     raise StatesError(f"{path}: expected a tensor, a dict of tensors or a tuple of tensors, got {type(obj).__name__}")
