@@ -1,6 +1,7 @@
 """Files other tools write, read back and inverted exactly (real transformers / TransformerLens / nnsight)."""
 import copy
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -179,6 +180,16 @@ def test_padding_masks_that_do_not_fit_are_one_clear_error(tmp_path):
     with pytest.raises(StatesError, match="holds its own attention_mask"):
         load_states(tmp_path / "holes.pt", mask=tmp_path / "mask.pt")
     assert main(["invert", str(tmp_path / "holes.pt"), "--model", "tiny-llama", "--layer", "1"]) == 2
+    torch.save(x, tmp_path / "x.pt")
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    save_file({"mask": mask}, tmp_path / "mask.safetensors")  # a mask file's one tensor, whatever its name
+    np.save(tmp_path / "mask.npy", mask.numpy())
+    for name in ("mask.safetensors", "mask.npy"):
+        st = load_states(tmp_path / "x.pt", mask=tmp_path / name)
+        assert [len(p) for p in st.prompts] == [3, 4] and st.left_padded and torch.equal(st.prompts[0], x[0, 1:])
+    save_file({"a": mask, "b": mask.clone()}, tmp_path / "two.safetensors")
+    with pytest.raises(StatesError, match="one tensor or one named attention_mask"):
+        load_states(tmp_path / "x.pt", mask=tmp_path / "two.safetensors")
 
 
 @pytest.mark.parametrize("spec,surface", [("tiny-gpt2", "states"), ("tiny-llama", "kv")])

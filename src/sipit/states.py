@@ -154,8 +154,8 @@ def read_mask(path: Path) -> Tensor:
     tensors, _ = read_tensors(path)
     if "attention_mask" in tensors:
         return tensors["attention_mask"]
-    if len(tensors) == 1 and "hidden_states" in tensors:  # (_read_npy and _read_pt name a lone tensor so)
-        return tensors["hidden_states"]
+    if len(tensors) == 1:
+        return next(iter(tensors.values()))
     raise StatesError(f"{path}: expected one tensor or one named attention_mask, found {', '.join(tensors)}")
 
 
