@@ -1,5 +1,6 @@
 """Files other tools write, read back and inverted exactly (real transformers / TransformerLens / nnsight)."""
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -155,13 +156,35 @@ def test_a_padded_batch_is_read_with_its_attention_mask(tiny_lm, side, tmp_path,
     for name, extra in (("hs.safetensors", ()), ("hs.pt", ("--attention-mask", str(tmp_path / "mask.pt")))):
         code, _, recovered = invert_file(tmp_path / name, tiny_lm.name, capsys, "--layer", "2", *extra)
         assert code == 0 and recovered == prompts
+    # without the mask: left padding computes one state at every position, and the rest of the row is its tokens'
+    # alone, so it is skipped, shown so; right padding is taken for the prompt's and fails
     torch.save(hs, tmp_path / "unmasked.pt")
     code = main(["--threads", "1", "invert", str(tmp_path / "unmasked.pt"), "--model", tiny_lm.name, "--layer", "2",
                  "--policy", "exhaustive", "-q"])
     io = capsys.readouterr()
-    assert code == 1 and "[1] FAILED" in io.out and "give its attention_mask" in io.out
-    # left padding is told before the search: its every position computes the same state
-    assert ("rows 1 (5), 2 (3) open with that many identical states" in io.err) == (side == "left")
+    results = [json.loads(line) for line in (tmp_path / "unmasked.results.jsonl").read_text().splitlines()]
+    if side == "left":
+        assert code == 0 and [r["ids"] for r in results] == prompts and [r["padding"] for r in results] == [0, 5, 3]
+        assert "rows 1 (5), 2 (3) open with that many identical states" in io.err
+        assert "[1] recovered after 5 positions of left padding" in io.out
+    else:
+        assert code == 1 and "[1] FAILED" in io.out and "give its attention_mask" in io.out
+
+
+def test_a_row_that_only_looks_left_padded_is_inverted_whole(tmp_path, capsys):
+    """A row opening with a repeated state that is no padding: the rest is not its tokens' alone (it fails at its
+    first position), so the row is inverted whole, and reported as that inversion left it."""
+    lm = load_model("tiny-llama")
+    ids = torch.tensor([[5, 9, 14, 200, 33], [40, 41, 42, 43, 44]])
+    hs = lm.model(input_ids=ids, output_hidden_states=True).hidden_states[2].clone()
+    hs[0, 1] = hs[0, 0]  # (position 1 as "5 5" leaves it, under rotary positions: the whole row fails at position 2)
+    torch.save(hs, tmp_path / "x.pt")
+    code = main(["--threads", "1", "invert", str(tmp_path / "x.pt"), "--model", "tiny-llama", "--layer", "2", "-q"])
+    io = capsys.readouterr()
+    rows = [json.loads(line) for line in (tmp_path / "x.results.jsonl").read_text().splitlines()]
+    assert code == 1 and "rows 0 (2) open with" in io.err
+    assert rows[0]["status"] == "failed" and rows[0]["ids"] == [5, 5] and rows[0]["padding"] == 0
+    assert rows[1]["ids"] == ids[1].tolist() and rows[1]["padding"] == 0
 
 
 def test_padding_masks_that_do_not_fit_are_one_clear_error(tmp_path):

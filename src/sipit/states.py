@@ -322,6 +322,16 @@ def repeated_start(x: Tensor) -> int:
     return run if run < len(x) else 0
 
 
+def left_padding(prompts: list[Tensor]) -> list[int]:
+    """Per prompt of a batch whose file gives no mask, how many leading positions look like left padding: the rows
+    opening with two or more identical states (repeated_start) give the padding's state, and every row opening with
+    that state its run of it; 0 elsewhere. Not a proof: a row is shown padded only when the rest of it is found to be
+    its tokens' alone (invert/cli.py)."""
+    runs = [repeated_start(p) for p in prompts]
+    pads = [p[0] for p, k in zip(prompts, runs) if k > 1]
+    return [k if any(torch.equal(p[0], v) for v in pads) else 0 for p, k in zip(prompts, runs)]
+
+
 def _ids_in(path: Path, input_ids: Tensor, B: int, T: int, spans: list[tuple[int, int]]) -> list[list[int]]:
     """A padded batch's input_ids [B, T] (or [T]) -> each row's prompt ids (its spans), the file's ground truth."""
     input_ids = input_ids[None] if input_ids.dim() == 1 else input_ids

@@ -31,10 +31,11 @@ class FileJob:
     layer: int
     final_norm: bool
     tap: object
-    prompts: list  # observations [T_i, tap.dim] per prompt
+    prompts: list  # observations [T_i, tap.dim] per prompt (after what looks like left padding: padding)
     true_ids: list | None
     config: object
     key: str  # hash of the file's bytes and every option that changes its results
+    padding: dict  # row -> (positions skipped as left padding, the row's whole observations) where no mask says
 
     @property
     def summary_path(self) -> Path:
@@ -48,7 +49,7 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     from ..models import LayerTap, load_model
     from .config import InvertConfig, batch_size_for
     from .learned.config import calibration_config
-    from ..states import load_states, repeated_start
+    from ..states import left_padding, load_states
 
     st = load_states(path, args.layer, args.file_layers, args.attention_mask)
     model = args.model or st.model
@@ -73,12 +74,15 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: {path} was made with another tokenizer than {model}'s", file=sys.stderr)
     tap, prompts, error = open_surface(lm, st, lm.layer_index(layer), final_norm, sae=args.sae)
-    runs = {i: k for i, p in enumerate(prompts) if (k := repeated_start(p)) > 1}
-    if runs and len(prompts) > 1 and not st.left_padded and "lengths" not in st.meta:
-        rows = ", ".join(f"{i} ({k})" for i, k in list(runs.items())[:5]) + (", ..." if len(runs) > 5 else "")
-        print(f"sipit: warning: {path}: rows {rows} open with that many identical states, as a left-padded batch's "
-              "padding does: give its attention_mask (--attention-mask FILE), or those rows fail at position 0 once "
-              "every token was tried there", file=sys.stderr)
+    padding = {}
+    if len(prompts) > 1 and not st.left_padded and "lengths" not in st.meta and st.ids is None:
+        padding = {i: (k, prompts[i]) for i, k in enumerate(left_padding(prompts)) if k}
+    if padding:  # inverted after it; settle_padding inverts a row whole where that is not what it was
+        rows = ", ".join(f"{i} ({k})" for i, (k, _) in list(padding.items())[:5]) + (" ..." * (len(padding) > 5))
+        print(f"sipit: {path}: rows {rows} open with that many identical states, as a left-padded batch's padding "
+              "does (no attention_mask given): each inverted after them, and whole where the rest is not its tokens' "
+              "alone", file=sys.stderr)
+        prompts = [p[padding[i][0]:] if i in padding else p for i, p in enumerate(prompts)]
     if st.ids and type(tap) is LayerTap:  # plain states with their ids: a wrong layer is told in seconds
         check_layer(lm, st.ids[0], prompts[0], tap.layer, final_norm, error)
     if args.noise:  # relative noise of norm sigma*||h_t|| per position; eps must then exceed sigma
@@ -115,7 +119,8 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
         with open(args.attention_mask, "rb") as f:
             key.update(hashlib.file_digest(f, "sha256").digest())
     key.update(repr((lm.fingerprint, tap.key, args.policy, config, args.noise, args.seed, args.max_seconds)).encode())
-    return FileJob(path, out, lm, model, layer, final_norm, tap, prompts, st.ids, config, key.hexdigest()[:16])
+    return FileJob(path, out, lm, model, layer, final_norm, tap, prompts, st.ids, config, key.hexdigest()[:16],
+                   padding)
 
 
 def identified_layer(path: Path, lm, st, final_norm: bool | None, cache: dict, key) -> tuple[int, bool]:
@@ -164,7 +169,8 @@ def invert_files(engine, jobs: list[FileJob], args):
 
     fitted = calibrate_jobs(jobs) if args.policy == "learned" else {}
 
-    def with_calibration(job, result):  # the job's share of the shared calibration pass
+    def with_calibration(job, result):  # the job's share of the shared calibration pass (and its padding settled)
+        result = settle_padding(job, result, args)
         return job, replace(result, calibration_seconds=result.calibration_seconds + fitted.get((id(job.lm), job.tap.key), 0.0))
 
     if engine.name == "local":
@@ -178,6 +184,25 @@ def invert_files(engine, jobs: list[FileJob], args):
                        job.final_norm, job.true_ids, job.out.with_suffix(".parts")) for job in jobs]
     for k, result in invert_jobs(engine, tasks, progress=not args.quiet):
         yield with_calibration(jobs[k], result)
+
+
+def settle_padding(job: FileJob, result, args):
+    """The rows inverted after what looked like left padding (job.padding): where the rest was recovered, its states
+    are its tokens' alone, so nothing in it attended to the skipped positions: padding (PromptResult.padding). Where
+    the rest failed at its first position it was not, and the row is inverted whole, here. -> the result"""
+    from . import run
+
+    redo = [i for i in job.padding if result.prompts[i].status == "failed"
+            and (not result.prompts[i].positions or result.prompts[i].positions[0].token is None)]
+    for i, (k, _) in job.padding.items():
+        result.prompts[i].padding = 0 if i in redo else k
+    if not redo:
+        return result
+    whole = run(args.policy, job.lm, [job.padding[i][1] for i in redo], job.layer, job.config,
+                final_norm=job.final_norm, progress=False, max_seconds=args.max_seconds, tap=job.tap)
+    for i, p in zip(redo, whole.prompts):
+        result.prompts[i] = p
+    return replace(result, seconds=result.seconds + whole.seconds)
 
 
 def write_results(job: FileJob, result, noise: float | None) -> dict:
@@ -274,7 +299,8 @@ def print_file(job: FileJob, result, s: dict) -> int:
             print(f"[{i}] FAILED: {p.message}{verified}")
         else:
             cls = "" if p.status == "ok" else f" (ambiguous: {p.message})"
-            print(f"[{i}] recovered{cls}: {p.text!r}")
+            after = f" after {p.padding} positions of left padding" if p.padding else ""
+            print(f"[{i}] recovered{cls}{after}: {p.text!r}")
         if p.true_ids is not None:
             print(f"[{i}] original : {lm.decode(p.true_ids)!r}  -> {'exact' if p.exact else 'NOT exact'}")
     # (the median alone hides a heavy tail: one random-id prompt at a deep layer can take most of a file's time)

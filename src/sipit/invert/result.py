@@ -48,6 +48,8 @@ class PromptResult:
     message: str = ""
     true_ids: list[int] | None = None
     exact: bool | None = None  # every position recovered and equal to true_ids up to duplicates
+    padding: int = 0  # leading positions of the file's row skipped as left padding: the rest's states were found to
+    #                   be its tokens' alone, so nothing there attended to them (no mask given; invert/cli.py)
 
     @property
     def forward_equivalents(self) -> float:
