@@ -7,9 +7,10 @@
 forward `model(input_ids, attention_mask, output_hidden_states=True)` (no position_ids: what a user's call gives).
 Saved as torch.save({"hidden_states": the tuple, "attention_mask", "input_ids"}) and inverted by `sipit invert FILE
 --model MODEL --layer L`, which reads each row where its mask is 1 and checks it against its input_ids. Also the
-left-padded tuple alone, without its mask, at the first layer (UNMASKED yes, the default: every padded row fails at
-position 0, after every token was tried there where the calibration has no position-0 table). Prints one JSON line
-per (side, layer) and the machine."""
+left-padded tuple alone, without its mask, at the first layer (UNMASKED yes, the default: from e996b31 each row
+opening with a run of the padding's one state is inverted after it, `padded` rows; before it every padded row failed
+at position 0, after every token was tried there where the calibration has no position-0 table). Prints one JSON
+line per (side, layer) and the machine."""
 import json
 import platform
 import random
@@ -60,6 +61,7 @@ def invert(path: Path, layer: int) -> dict:
     rows = [json.loads(x) for x in path.with_suffix(f".L{layer}.jsonl").read_text().splitlines()]
     return dict(exit=code, exact=sum(r["ids"] == p for r, p in zip(rows, prompts)), prompts=len(prompts),
                 status={s: sum(r["status"] == s for r in rows) for s in {r["status"] for r in rows}},
+                padded=sum(r.get("padding", 0) > 0 for r in rows),
                 seconds=round(time.perf_counter() - t, 1))
 
 
