@@ -7,7 +7,7 @@
 forward `model(input_ids, attention_mask, output_hidden_states=True)` (no position_ids: what a user's call gives).
 Saved as torch.save({"hidden_states": the tuple, "attention_mask", "input_ids"}) and inverted by `sipit invert FILE
 --model MODEL --layer L`, which reads each row where its mask is 1 and checks it against its input_ids. Also the
-left-padded tuple alone, without its mask, at the first layer (UNMASKED yes, the default: from e996b31 each row
+left-padded tuple alone, without its mask, at every layer (UNMASKED yes, the default: from e996b31 each row
 opening with a run of the padding's one state is inverted after it, `padded` rows; before it every padded row failed
 at position 0, after every token was tried there where the calibration has no position-0 table). Prints one JSON
 line per (side, layer) and the machine."""
@@ -74,5 +74,6 @@ with tempfile.TemporaryDirectory() as tmp:
             print(json.dumps(dict(side=side, layer=layer, mask=True, **invert(path, layer))), flush=True)
         if side == "left" and unmasked:
             torch.save(hs, Path(tmp) / "left-unmasked.pt")
-            print(json.dumps(dict(side=side, layer=layers[0], mask=False,
-                                  **invert(Path(tmp) / "left-unmasked.pt", layers[0]))), flush=True)
+            for layer in layers:
+                print(json.dumps(dict(side=side, layer=layer, mask=False,
+                                      **invert(Path(tmp) / "left-unmasked.pt", layer))), flush=True)
