@@ -88,6 +88,9 @@ def test_a_left_padded_batch_is_identified_from_its_prompts_first_tokens(tmp_pat
     assert main(["--threads", "1", "invert", str(nn), "--attention-mask", str(m), "--model", "tiny-llama", "--layer",
                  "3", "--policy", "exhaustive", "-q"]) == 0
     assert [json.loads(line)["ids"] for line in (tmp_path / "nn.results.jsonl").read_text().splitlines()] == PROMPTS
+    # without the mask: each row's first state after its run of the padding's one state
+    assert main(["--threads", "1", "identify", str(nn), "--model", "tiny-llama"]) == 0
+    assert "layer 3 of tiny-llama: position 0 of 3/3 prompt(s)" in capsys.readouterr().out
 
 
 def test_a_vllm_exports_slots_are_identified_from_its_ids(tmp_path, capsys):

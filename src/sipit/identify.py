@@ -35,6 +35,7 @@ from torch import Tensor
 
 from .invert.learned.ranker import top_rows
 from .models import LM, run_layers
+from .states import left_padding
 
 RECOMPUTE = 1e-4  # scaled distance allowed for recomputation in float32 (measured ≤ 4e-6 on SmolLM2, any layer)
 PROBE = 4096  # tokens the ridge maps are fitted on: the specials, frequent text tokens (half), random ids
@@ -270,7 +271,11 @@ def identify_with_ids(lm: LM, ids: list[int], states: Tensor, storage_error: flo
 
 def identify_states(lm: LM, st, screens: Screens | None = None, exhaustive: bool = False) -> Identification:
     """A loaded states file (states.States) against every (layer, final_norm) of `lm`: from its own ids where it
-    has them (the first prompt), else from its prompts' first positions."""
+    has them (the first prompt), else from its prompts' first positions (of a batch without a mask, the first after
+    what looks like left padding: the first token after padding attends to itself alone, as at position 0)."""
     if st.ids:
         return identify_with_ids(lm, st.ids[0], st.prompts[0], st.error)
-    return identify(lm, torch.stack([p[0] for p in st.prompts]), st.error, screens=screens, exhaustive=exhaustive)
+    unmasked = len(st.prompts) > 1 and not st.left_padded and "lengths" not in st.meta
+    pads = left_padding(st.prompts) if unmasked else [0] * len(st.prompts)
+    first = torch.stack([p[k] for p, k in zip(st.prompts, pads)])
+    return identify(lm, first, st.error, screens=screens, exhaustive=exhaustive)

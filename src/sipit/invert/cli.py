@@ -75,7 +75,7 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
         print(f"sipit: warning: {path} was made with another tokenizer than {model}'s", file=sys.stderr)
     tap, prompts, error = open_surface(lm, st, lm.layer_index(layer), final_norm, sae=args.sae)
     padding = {}
-    if len(prompts) > 1 and not st.left_padded and "lengths" not in st.meta and st.ids is None:
+    if len(prompts) > 1 and not st.left_padded and "lengths" not in st.meta and st.ids is None and not args.noise:
         padding = {i: (k, prompts[i]) for i, k in enumerate(left_padding(prompts)) if k}
     if padding:  # inverted after it; settle_padding inverts a row whole where that is not what it was
         rows = ", ".join(f"{i} ({k})" for i, (k, _) in list(padding.items())[:5]) + (" ..." * (len(padding) > 5))
