@@ -27,15 +27,14 @@ the file carries its prompts' ids, one forward pass of them decides (identify_wi
 from __future__ import annotations
 
 import time
-from math import inf
 from dataclasses import dataclass
+from math import inf
 
 import torch
 from torch import Tensor
 
 from .invert.learned.ranker import top_rows
 from .models import LM, run_layers
-from .states import left_padding
 
 RECOMPUTE = 1e-4  # scaled distance allowed for recomputation in float32 (measured ≤ 4e-6 on SmolLM2, any layer)
 PROBE = 4096  # tokens the ridge maps are fitted on: the specials, frequent text tokens (half), random ids
@@ -275,7 +274,5 @@ def identify_states(lm: LM, st, screens: Screens | None = None, exhaustive: bool
     what looks like left padding: the first token after padding attends to itself alone, as at position 0)."""
     if st.ids:
         return identify_with_ids(lm, st.ids[0], st.prompts[0], st.error)
-    unmasked = len(st.prompts) > 1 and not st.left_padded and "lengths" not in st.meta
-    pads = left_padding(st.prompts) if unmasked else [0] * len(st.prompts)
-    first = torch.stack([p[k] for p, k in zip(st.prompts, pads)])
+    first = torch.stack([p[k] for p, k in zip(st.prompts, st.padding_runs())])
     return identify(lm, first, st.error, screens=screens, exhaustive=exhaustive)

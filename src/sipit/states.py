@@ -73,6 +73,19 @@ class States:
     def d_model(self) -> int:
         return self.prompts[0].shape[-1]
 
+    def padding_runs(self) -> list[int]:
+        """Per prompt, how many leading positions look like left padding where the file says nothing of padding (a
+        batch of several prompts without a mask, lengths or ids); 0 elsewhere. A left-padded row's padding attends to
+        nothing, so its every position computes one state, bit for bit, the same in every row: the rows opening with
+        two or more identical states give it, and every row opening with it its run of it. Not a proof (a prompt
+        opening with one token repeated gives such a run under rotary positions): a row is shown padded only where
+        the rest of it is found to be its tokens' alone (invert/cli.py)."""
+        if len(self.prompts) < 2 or self.left_padded or "lengths" in self.meta or self.ids:
+            return [0] * len(self.prompts)
+        runs = [_repeated_start(p) for p in self.prompts]
+        pads = [p[0] for p, k in zip(self.prompts, runs) if k > 1]
+        return [k if any(torch.equal(p[0], v) for v in pads) else 0 for p, k in zip(self.prompts, runs)]
+
 
 def save_states(path: str | Path, prompts: list[Tensor], *, model: str, layer: int, final_norm: bool,
                 tokenizer: str, precision: str = "fp32", ids: list[list[int]] | None = None) -> Path:
@@ -312,24 +325,12 @@ def _observations(path: Path, surface: str, tensors: dict, meta: dict):
     return x, bound, dict(projection=P.float())
 
 
-def repeated_start(x: Tensor) -> int:
+def _repeated_start(x: Tensor) -> int:
     """How many leading positions of one prompt's observations x [T, k] equal position 0 bit for bit, before a
-    position that differs (0 if none does): a left-padded row's padding, whose every position computes the same
-    state (nothing to attend to), where no mask says so. A prompt opening with one token repeated does the same
-    under rotary positions."""
+    position that differs (0 if none does)."""
     same = (x == x[0]).all(-1).long().cumprod(0)
     run = int(same.sum())
     return run if run < len(x) else 0
-
-
-def left_padding(prompts: list[Tensor]) -> list[int]:
-    """Per prompt of a batch whose file gives no mask, how many leading positions look like left padding: the rows
-    opening with two or more identical states (repeated_start) give the padding's state, and every row opening with
-    that state its run of it; 0 elsewhere. Not a proof: a row is shown padded only when the rest of it is found to be
-    its tokens' alone (invert/cli.py)."""
-    runs = [repeated_start(p) for p in prompts]
-    pads = [p[0] for p, k in zip(prompts, runs) if k > 1]
-    return [k if any(torch.equal(p[0], v) for v in pads) else 0 for p, k in zip(prompts, runs)]
 
 
 def _ids_in(path: Path, input_ids: Tensor, B: int, T: int, spans: list[tuple[int, int]]) -> list[list[int]]:

@@ -31,15 +31,20 @@ class FileJob:
     layer: int
     final_norm: bool
     tap: object
-    prompts: list  # observations [T_i, tap.dim] per prompt (after what looks like left padding: padding)
+    prompts: list  # observations [T_i, tap.dim] per prompt
     true_ids: list | None
     config: object
     key: str  # hash of the file's bytes and every option that changes its results
-    padding: dict  # row -> (positions skipped as left padding, the row's whole observations) where no mask says
+    padding: dict  # row -> leading positions that look like left padding (States.padding_runs), inverted after them
 
     @property
     def summary_path(self) -> Path:
         return self.out.with_suffix(".summary.json")
+
+    @property
+    def to_invert(self) -> list:
+        """The prompts as inverted: each after what looks like its left padding."""
+        return [p[self.padding.get(i, 0):] for i, p in enumerate(self.prompts)]
 
 
 def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
@@ -49,7 +54,7 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     from ..models import LayerTap, load_model
     from .config import InvertConfig, batch_size_for
     from .learned.config import calibration_config
-    from ..states import left_padding, load_states
+    from ..states import load_states
 
     st = load_states(path, args.layer, args.file_layers, args.attention_mask)
     model = args.model or st.model
@@ -74,15 +79,12 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
     if st.tokenizer and st.tokenizer != lm.tokenizer_fingerprint:
         print(f"sipit: warning: {path} was made with another tokenizer than {model}'s", file=sys.stderr)
     tap, prompts, error = open_surface(lm, st, lm.layer_index(layer), final_norm, sae=args.sae)
-    padding = {}
-    if len(prompts) > 1 and not st.left_padded and "lengths" not in st.meta and st.ids is None and not args.noise:
-        padding = {i: (k, prompts[i]) for i, k in enumerate(left_padding(prompts)) if k}
-    if padding:  # inverted after it; settle_padding inverts a row whole where that is not what it was
-        rows = ", ".join(f"{i} ({k})" for i, (k, _) in list(padding.items())[:5]) + (" ..." * (len(padding) > 5))
+    padding = {i: k for i, k in enumerate(st.padding_runs()) if k}
+    if padding:  # inverted after it (FileJob.to_invert); settle_padding inverts a row whole where it was not padding
+        rows = ", ".join(f"{i} ({k})" for i, k in list(padding.items())[:5]) + (" ..." * (len(padding) > 5))
         print(f"sipit: {path}: rows {rows} open with that many identical states, as a left-padded batch's padding "
               "does (no attention_mask given): each inverted after them, and whole where the rest is not its tokens' "
               "alone", file=sys.stderr)
-        prompts = [p[padding[i][0]:] if i in padding else p for i, p in enumerate(prompts)]
     if st.ids and type(tap) is LayerTap:  # plain states with their ids: a wrong layer is told in seconds
         check_layer(lm, st.ids[0], prompts[0], tap.layer, final_norm, error)
     if args.noise:  # relative noise of norm sigma*||h_t|| per position; eps must then exceed sigma
@@ -175,11 +177,11 @@ def invert_files(engine, jobs: list[FileJob], args):
 
     if engine.name == "local":
         for job in jobs:
-            yield with_calibration(job, run(args.policy, job.lm, job.prompts, job.layer, job.config,
+            yield with_calibration(job, run(args.policy, job.lm, job.to_invert, job.layer, job.config,
                                             final_norm=job.final_norm, progress=not args.quiet, true_ids=job.true_ids,
                                             max_seconds=args.max_seconds, tap=job.tap))
         return
-    tasks = [InvertJob(job.lm, job.prompts, job.layer, replace(job.config, policy=args.policy,
+    tasks = [InvertJob(job.lm, job.to_invert, job.layer, replace(job.config, policy=args.policy,
                                                                max_seconds=args.max_seconds),
                        job.final_norm, job.true_ids, job.out.with_suffix(".parts")) for job in jobs]
     for k, result in invert_jobs(engine, tasks, progress=not args.quiet):
@@ -194,11 +196,11 @@ def settle_padding(job: FileJob, result, args):
 
     redo = [i for i in job.padding if result.prompts[i].status == "failed"
             and (not result.prompts[i].positions or result.prompts[i].positions[0].token is None)]
-    for i, (k, _) in job.padding.items():
+    for i, k in job.padding.items():
         result.prompts[i].padding = 0 if i in redo else k
     if not redo:
         return result
-    whole = run(args.policy, job.lm, [job.padding[i][1] for i in redo], job.layer, job.config,
+    whole = run(args.policy, job.lm, [job.prompts[i] for i in redo], job.layer, job.config,
                 final_norm=job.final_norm, progress=False, max_seconds=args.max_seconds, tap=job.tap)
     for i, p in zip(redo, whole.prompts):
         result.prompts[i] = p
