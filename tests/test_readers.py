@@ -133,7 +133,7 @@ def padded_batch(lm, prompts, side, position_ids=True):
     for i, p in enumerate(prompts):
         at = slice(T - len(p), T) if side == "left" else slice(0, len(p))
         ids[i, at], mask[i, at] = torch.tensor(p), 1
-    pos = (mask.cumsum(1) - 1).clamp_min(0) if position_ids else None
+    pos = (mask.cumsum(1) - 1).masked_fill(mask == 0, 0) if position_ids else None
     hs = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True).hidden_states
     return ids, mask, tuple(hs)
 
@@ -141,7 +141,8 @@ def padded_batch(lm, prompts, side, position_ids=True):
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_a_padded_batch_is_read_with_its_attention_mask(tiny_lm, side, tmp_path, capsys):
     """transformers' states of a padded batch: each row's prompt is where its attention_mask is 1 (saved beside the
-    states, or given apart); without the mask the padding is inverted as if it were the prompt's, and fails."""
+    states, or given apart); without it, left padding is found by its repeated state, right padding by the search
+    (SipIt._right_padding: the tiny tokenizer pads with 0)."""
     prompts = [[5, 9, 14, 200, 33, 7, 81], [40, 41], [3, 90, 17, 4]]
     ids, mask, hs = padded_batch(tiny_lm, prompts, side)
     torch.save({"hidden_states": hs, "attention_mask": mask, "input_ids": ids}, tmp_path / "enc.pt")
@@ -157,18 +158,19 @@ def test_a_padded_batch_is_read_with_its_attention_mask(tiny_lm, side, tmp_path,
         code, _, recovered = invert_file(tmp_path / name, tiny_lm.name, capsys, "--layer", "2", *extra)
         assert code == 0 and recovered == prompts
     # without the mask: left padding computes one state at every position, and the rest of the row is its tokens'
-    # alone, so it is skipped, shown so; right padding is taken for the prompt's and fails
+    # alone, so it is skipped, shown so; right padding matches no token, and the row ends where it begins
     torch.save(hs, tmp_path / "unmasked.pt")
     code = main(["--threads", "1", "invert", str(tmp_path / "unmasked.pt"), "--model", tiny_lm.name, "--layer", "2",
                  "--policy", "exhaustive", "-q"])
     io = capsys.readouterr()
     results = [json.loads(line) for line in (tmp_path / "unmasked.results.jsonl").read_text().splitlines()]
+    assert code == 0 and [r["ids"] for r in results] == prompts and [r["length"] for r in results] == [7, 2, 4]
+    assert [r[f"{side}_padding"] for r in results] == [0, 5, 3]
     if side == "left":
-        assert code == 0 and [r["ids"] for r in results] == prompts and [r["padding"] for r in results] == [0, 5, 3]
         assert "rows 1 (5), 2 (3) open with that many identical states" in io.err
         assert "[1] recovered after 5 positions of left padding" in io.out
     else:
-        assert code == 1 and "[1] FAILED" in io.out and "give its attention_mask" in io.out
+        assert "[1] recovered before 5 positions of right padding" in io.out
 
 
 def test_a_row_that_only_looks_left_padded_is_inverted_whole(tmp_path, capsys):
@@ -183,8 +185,8 @@ def test_a_row_that_only_looks_left_padded_is_inverted_whole(tmp_path, capsys):
     io = capsys.readouterr()
     rows = [json.loads(line) for line in (tmp_path / "x.results.jsonl").read_text().splitlines()]
     assert code == 1 and "rows 0 (2) open with" in io.err
-    assert rows[0]["status"] == "failed" and rows[0]["ids"] == [5, 5] and rows[0]["padding"] == 0
-    assert rows[1]["ids"] == ids[1].tolist() and rows[1]["padding"] == 0
+    assert rows[0]["status"] == "failed" and rows[0]["ids"] == [5, 5] and rows[0]["left_padding"] == 0
+    assert rows[1]["ids"] == ids[1].tolist() and rows[1]["left_padding"] == 0
 
 
 def test_padding_masks_that_do_not_fit_are_one_clear_error(tmp_path):

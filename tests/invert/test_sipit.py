@@ -443,6 +443,34 @@ def test_a_first_token_its_table_bound_excludes_is_verified_by_a_full_forward(lm
         assert p.exact and p.status == "ok" and p.positions[0].via == "full-length"
 
 
+def test_a_right_padded_row_ends_where_its_padding_begins_without_its_mask(lm, monkeypatch):
+    """A right-padded batch's states, saved without the mask: a pad attends to the prompt only, so no token matches it;
+    the search tries the rest of the row as padding by each of lm.padding_ids (the tiny tokenizer has no pad or eos:
+    0) and the prompt ends there, exact against the batch's input_ids. A deep search asks after PAD_CHECK_AFTER
+    candidates, not after the whole vocabulary; a row padded with another id, and zeros that are the prompt's own
+    tokens (a forward without the mask), are not taken for padding."""
+    S = importlib.import_module("sipit.invert.sipit")
+
+    prompts, T = [[5, 9, 14, 200, 33, 7, 81], [40, 41], [3, 90, 17, 4], [40, 41, 0, 0]], 7
+    ids = torch.zeros(len(prompts), T, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p)], mask[i, :len(p)] = torch.tensor(p), int(i < 3)  # (row 3: its zeros are tokens, unmasked)
+    ids[2, 4:] = 7  # (padded with an id the tokenizer does not pad with)
+    tap = LayerTap(lm, 2)
+    states = tap.states(ids, attention_mask=mask.clamp_min(torch.arange(len(prompts))[:, None].eq(3).long()))
+    assert lm.padding_ids == [0]
+    engine = SipIt(tap=tap, config=InvertConfig(policy="exhaustive"), eps=1e-4)
+    alone = [engine.invert_prompt(s, row.tolist()) for s, row in zip(states, ids)]
+    assert [(r.ids, r.status, r.length, r.right_padding, r.exact) for r in alone] == [
+        (prompts[0], "ok", 7, 0, True), ([40, 41], "ok", 2, 5, True), (prompts[2], "failed", 7, 0, False),
+        (prompts[3] + [0] * 3, "ok", 7, 0, True)]
+    assert alone[1].forward_tokens > lm.vocab_size  # (the tiny vocabulary is swept before it is asked)
+    monkeypatch.setattr(S, "PAD_CHECK_AFTER", 16)
+    deep = SipIt(tap=tap, config=InvertConfig(policy="exhaustive"), eps=1e-4).invert_prompt(states[1], ids[1].tolist())
+    assert (deep.ids, deep.right_padding, deep.exact) == ([40, 41], 5, True) and deep.forward_tokens < lm.vocab_size
+
+
 def test_wrong_model_fails():
     gpt2, llama = load_model("tiny-gpt2"), load_model("tiny-llama")
     _, states = capture(gpt2, TEXT, 2)

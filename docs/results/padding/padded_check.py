@@ -6,11 +6,13 @@
 4..40 tokens) in one batch, padded left and right with the tokenizer's pad id (else its eos), through one plain
 forward `model(input_ids, attention_mask, output_hidden_states=True)` (no position_ids: what a user's call gives).
 Saved as torch.save({"hidden_states": the tuple, "attention_mask", "input_ids"}) and inverted by `sipit invert FILE
---model MODEL --layer L`, which reads each row where its mask is 1 and checks it against its input_ids. Also the
-left-padded tuple alone, without its mask, at every layer (UNMASKED yes, the default: from e996b31 each row
-opening with a run of the padding's one state is inverted after it, `padded` rows; before it every padded row failed
-at position 0, after every token was tried there where the calibration has no position-0 table). Prints one JSON
-line per (side, layer) and the machine."""
+--model MODEL --layer L`, which reads each row where its mask is 1 and checks it against its input_ids. Also each
+side's tuple alone, without its mask, at every layer (UNMASKED yes, the default): from e996b31 each row opening with
+a run of the left padding's one state is inverted after it (`padded` rows; before it every padded row failed at
+position 0, after every token was tried there where the calibration has no position-0 table); from the commit after
+39ab9d2 a right-padded row's search finds where its padding begins (`padded` rows; before it each padded row failed
+at its first pad, after every token was tried there). Prints one JSON line per (side, layer, mask) and the
+machine."""
 import json
 import platform
 import random
@@ -61,7 +63,7 @@ def invert(path: Path, layer: int) -> dict:
     rows = [json.loads(x) for x in path.with_suffix(f".L{layer}.jsonl").read_text().splitlines()]
     return dict(exit=code, exact=sum(r["ids"] == p for r, p in zip(rows, prompts)), prompts=len(prompts),
                 status={s: sum(r["status"] == s for r in rows) for s in {r["status"] for r in rows}},
-                padded=sum(r.get("padding", 0) > 0 for r in rows),
+                padded=sum(r.get("left_padding", 0) + r.get("right_padding", 0) > 0 for r in rows),
                 seconds=round(time.perf_counter() - t, 1))
 
 
@@ -72,8 +74,8 @@ with tempfile.TemporaryDirectory() as tmp:
         torch.save({"hidden_states": hs, "attention_mask": mask, "input_ids": ids}, path)
         for layer in layers:
             print(json.dumps(dict(side=side, layer=layer, mask=True, **invert(path, layer))), flush=True)
-        if side == "left" and unmasked:
-            torch.save(hs, Path(tmp) / "left-unmasked.pt")
+        if unmasked:
+            torch.save(hs, Path(tmp) / f"{side}-unmasked.pt")
             for layer in layers:
                 print(json.dumps(dict(side=side, layer=layer, mask=False,
-                                      **invert(Path(tmp) / "left-unmasked.pt", layer))), flush=True)
+                                      **invert(Path(tmp) / f"{side}-unmasked.pt", layer))), flush=True)

@@ -190,14 +190,14 @@ def invert_files(engine, jobs: list[FileJob], args):
 
 def settle_padding(job: FileJob, result, args):
     """The rows inverted after what looked like left padding (job.padding): where the rest was recovered, its states
-    are its tokens' alone, so nothing in it attended to the skipped positions: padding (PromptResult.padding). Where
+    are its tokens' alone, so nothing in it attended to the skipped positions: padding (PromptResult.left_padding). Where
     the rest failed at its first position it was not, and the row is inverted whole, here. -> the result"""
     from . import run
 
     redo = [i for i in job.padding if result.prompts[i].status == "failed"
             and (not result.prompts[i].positions or result.prompts[i].positions[0].token is None)]
     for i, k in job.padding.items():
-        result.prompts[i].padding = 0 if i in redo else k
+        result.prompts[i].left_padding = 0 if i in redo else k
     if not redo:
         return result
     whole = run(args.policy, job.lm, [job.prompts[i] for i in redo], job.layer, job.config,
@@ -301,8 +301,9 @@ def print_file(job: FileJob, result, s: dict) -> int:
             print(f"[{i}] FAILED: {p.message}{verified}")
         else:
             cls = "" if p.status == "ok" else f" (ambiguous: {p.message})"
-            after = f" after {p.padding} positions of left padding" if p.padding else ""
-            print(f"[{i}] recovered{cls}{after}: {p.text!r}")
+            pads = ([f"after {p.left_padding} positions of left padding"] if p.left_padding else []) + (
+                [f"before {p.right_padding} positions of right padding"] if p.right_padding else [])
+            print(f"[{i}] recovered{cls}{''.join(' ' + x for x in pads)}: {p.text!r}")
         if p.true_ids is not None:
             print(f"[{i}] original : {lm.decode(p.true_ids)!r}  -> {'exact' if p.exact else 'NOT exact'}")
     # (the median alone hides a heavy tail: one random-id prompt at a deep layer can take most of a file's time)

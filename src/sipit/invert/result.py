@@ -48,8 +48,10 @@ class PromptResult:
     message: str = ""
     true_ids: list[int] | None = None
     exact: bool | None = None  # every position recovered and equal to true_ids up to duplicates
-    padding: int = 0  # leading positions of the file's row skipped as left padding: the rest's states were found to
-    #                   be its tokens' alone, so nothing there attended to them (no mask given; invert/cli.py)
+    left_padding: int = 0  # leading positions of the file's row skipped as left padding: the rest's states were found
+    #                        to be its tokens' alone, so nothing there attended to them (no mask given; invert/cli.py)
+    right_padding: int = 0  # positions of the row after the prompt found to be a batch's right padding: each one's
+    #                         state that of a pad attending to the prompt only (no mask given; SipIt._right_padding)
 
     @property
     def forward_equivalents(self) -> float:

@@ -23,7 +23,9 @@ Two things make it fast:
   through the model; the others are verified last, if nothing else matched. A search whose nearest
   candidate is within NEAR·ε but not ε recomputes it once by a forward of the prompt's whole length
   (`_full_length`): numerical noise differs by position, and at a rare one the loop's cached and
-  batched passes are off by more than ε where that forward is not.
+  batched passes are off by more than ε where that forward is not. A search with nothing within ε after
+  PAD_CHECK_AFTER candidates (or none left) tries the rest of the row as a right-padded batch's padding
+  (`_right_padding`, one forward): where it is, the prompt ends there.
 
 After recovery every accepted position gets its certificate (verify.py): the tokens most likely to
 collide — near-duplicate embedding rows, tokens a lower bound cannot exclude — are always
@@ -87,6 +89,7 @@ class _Run:
     cost: dict = field(default_factory=lambda: dict(forward_tokens=0, backward_tokens=0, tap_calls=0, pass_seconds=0.0))
     evaluated: dict = field(default_factory=dict)  # t -> {candidate id: relative distance}
     row: int = 0  # guesses the next speculation row carries at most (_guess); set by _steps
+    padding: tuple[int, int] | None = None  # (pad id, positions) of right padding found after the prompt (_search)
 
     def elapsed(self) -> float:
         return self.seconds + time.perf_counter() - self.resumed
@@ -130,6 +133,12 @@ NEAR = 50  # a search batch with nothing within ε, the nearest candidate so far
 #            the measured noise (eps.FACTOR).
 
 
+PAD_CHECK_AFTER = 1024  # a search with nothing within ε after this many candidates asks whether the rest of the row is
+#                         right padding (_right_padding: one forward, where each candidate costs about a position's;
+#                         so a deep search pays ~1/1000 more, and a right-padded row without its mask a few seconds
+#                         at SmolLM2's layer 30, not a sweep of the vocabulary: 49,152 candidates, minutes)
+
+
 @dataclass
 class _Search:
     """Outcome of a search at position t = prefix.length."""
@@ -137,6 +146,7 @@ class _Search:
     prefix: object  # grown by the positions found
     positions: list[Position]  # found (the first, then lookahead ones); one failed position if none passed
     next_checked: dict[int, float]  # candidates already evaluated at the next unverified position
+    padding: tuple[int, int] | None = None  # (pad id, positions): t.. is a batch's right padding, the prompt ends at t
 
 
 class SipIt:
@@ -287,6 +297,9 @@ class SipIt:
             found = yield from self._search(run, prefix, checked, guess[1:] if guess is not None else None)
             prefix, checked = found.prefix, found.next_checked
             positions += found.positions
+            if found.padding is not None:  # the prompt ends here
+                run.padding = found.padding
+                break
             if positions[-1].token is None:
                 q, t = positions[-1], len(positions) - 1  # the failed position (speculation may have moved past t)
                 no_match = not run.capped()
@@ -342,8 +355,11 @@ class SipIt:
     def _finish(self, run: _Run, ids, positions, message, true_ids) -> PromptResult:
         status, message = judge(positions, self.eps, message)
         run.policy, run.evaluated = None, {}  # (its anchors, kept LM rows and distances: freed now, not with the batch)
+        T, pad, right = run.target.shape[0], *(run.padding or (None, 0))
+        if true_ids is not None and right and list(true_ids[T - right:]) == [pad] * right:
+            true_ids = true_ids[:T - right]  # (the file's input_ids hold the padding too)
         return PromptResult(ids=ids, text=self.lm.decode(ids) if ids else "", status=status, positions=positions,
-                            seconds=run.elapsed(), length=run.target.shape[0], message=message,
+                            seconds=run.elapsed(), length=T - right, message=message, right_padding=right,
                             true_ids=list(true_ids) if true_ids is not None else None, **run.cost).check()
 
     @staticmethod
@@ -404,6 +420,7 @@ class SipIt:
         drafts, far = self.drafts, {}  # far: candidates the draft put far from the observation {id: its distance}
         nearest = min(checked.items(), key=lambda item: item[1], default=(None, float("inf")))  # (id, distance)
         rechecked = False  # whether the nearest went through a full forward (_full_length) in this search
+        pads_checked = False  # whether the rest of the row was tried as right padding (_right_padding) in this search
         draft_prefix = []  # the prefix through the draft, made at the search's first drafted batch
 
         def recheck() -> _Search | None:
@@ -419,6 +436,16 @@ class SipIt:
             evaluated[v] = full
             return _Search(grown, [Position(v, full, None, 0, tried=len(evaluated) + len(far), via="full-length",
                                             drafted=len(far))], {})
+
+        def right_padded() -> _Search | None:
+            """Where nothing passed: the rest of the row as right padding (_right_padding), once a search. -> found,
+            or None."""
+            nonlocal pads_checked
+            if pads_checked or t == 0:
+                return None
+            pads_checked = True
+            padding = self._right_padding(run, prefix)
+            return _Search(prefix, [], {}, padding) if padding is not None else None
         while not run.capped():
             left = limit - len(evaluated) - len(far)
             if left <= 0:
@@ -462,6 +489,8 @@ class SipIt:
                 nearest = (int(batch[int(d.argmin())]), float(d.min()))
             if not len(passing) and (hit := recheck()) is not None:  # (the nearest may be a wrong guess's)
                 return hit
+            if not len(passing) and len(evaluated) + len(far) >= PAD_CHECK_AFTER and (hit := right_padded()):
+                return hit
             if lookahead:
                 self.carried += 1
                 self.carried_wrong += not bool((passing < carry).any())
@@ -484,7 +513,7 @@ class SipIt:
             lookahead = False
         # nothing within ε and no batch was checked after: every token excluded by its lower bound without a pass
         # (position 0: a first token whose table distance noise put over ε, guessed and so nearest, the rest far)
-        if not run.capped() and (hit := recheck()) is not None:
+        if not run.capped() and (hit := recheck() or right_padded()) is not None:
             return hit
         best = min(evaluated.values(), default=float("inf"))
         if bounds is not None:  # certified lower bounds of the tokens never evaluated
@@ -507,6 +536,31 @@ class SipIt:
         run.cost["tap_calls"] += 1
         run.cost["pass_seconds"] += time.perf_counter() - start
         return float(rel_distance(h[t:t + 1], run.target[t])[0]), whole.crop(t + 1)
+
+    def _right_padding(self, run: _Run, prefix) -> tuple[int, int] | None:
+        """Whether positions t = prefix.length.. of the row are a right-padded batch's padding after the verified
+        prefix, its mask not given: a pad attends to the prompt's keys only (the mask hides every pad's, its own too),
+        so no appended token's state matches it, and the search would sweep the vocabulary and fail. One forward of
+        the prefix followed by T - t of each of lm.padding_ids, those positions masked, at the positions a plain
+        forward gives them (0..T-1) and those generate() does (0). -> (pad id, T - t) where every position is within
+        ε, else None."""
+        T, t, pads = run.target.shape[0], prefix.length, self.lm.padding_ids
+        if not pads:
+            return None
+        rows = [(v, fill) for v in pads for fill in (None, 0)]
+        ids = torch.cat([prefix.ids.cpu().expand(len(rows), t), torch.tensor([v for v, _ in rows])[:, None]
+                         .expand(-1, T - t)], 1)  # [R, T]
+        mask = (torch.arange(T) < t).long().expand(len(rows), T)
+        positions = torch.stack([torch.arange(T).masked_fill(mask[0] == 0, fill) if fill is not None
+                                 else torch.arange(T) for _, fill in rows])
+        start = time.perf_counter()
+        h = self.tap.states(ids, attention_mask=mask, position_ids=positions)[:, t:]  # [R, T - t, dim]
+        sync(self.lm.device)
+        run.cost["forward_tokens"] += ids.numel()
+        run.cost["tap_calls"] += 1
+        run.cost["pass_seconds"] += time.perf_counter() - start
+        within = (rel_distance(h, run.target[t:]) <= self.eps).all(-1).cpu()  # [R]
+        return (rows[int(within.nonzero()[0])][0], T - t) if within.any() else None
 
     def _drafted(self, run: _Run, prefix, draft_prefix: list, batch: Tensor, far: dict) -> Tensor:
         """The candidates at t = prefix.length that go on through the model: those of batch [B] whose state

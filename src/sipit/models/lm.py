@@ -243,6 +243,13 @@ class LM:
         ids = getattr(self.tokenizer, "all_special_ids", None) or []
         return torch.tensor(sorted({i for i in ids if 0 <= i < self.vocab_size}), dtype=torch.long)
 
+    @property
+    def padding_ids(self) -> list[int]:
+        """The ids a batch is most likely padded with: the tokenizer's pad token, its eos (what pad_token is set to where
+        a tokenizer has none: GPT-2, Llama-3) and 0 (a batch padded by hand with zeros). In that order, once each."""
+        ids = [getattr(self.tokenizer, "pad_token_id", None), getattr(self.tokenizer, "eos_token_id", None), 0]
+        return list(dict.fromkeys(i for i in ids if isinstance(i, int) and 0 <= i < self.vocab_size))
+
     @cached_property
     def tokenizer_fingerprint(self) -> str:
         if self.tokenizer is None:

@@ -353,11 +353,15 @@ class LayerTap:
         return self.lm.norm(h) if self.final_norm else h
 
     @torch.no_grad()
-    def states(self, ids: Tensor) -> Tensor:
-        """Full forward of ids [B, T] (or [T]) up to the layer. -> [B, T, d] (or [T, d])."""
+    def states(self, ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None) -> Tensor:
+        """Full forward of ids [B, T] up to the layer, with a padded batch's attention_mask [B, T] (1 = attend) and
+        position_ids [B, T] if given (else the model's: 0..T-1). -> [B, T, d]; [T] -> [T, d] (no mask)."""
         if ids.dim() == 1:
             return self.states(ids[None])[0]
         ids = ids.to(self.lm.device)
+        if attention_mask is not None or position_ids is not None:
+            to = lambda x: x.to(self.lm.device) if x is not None else None  # noqa: E731
+            return self._run(ids=ids, attention_mask=to(attention_mask), position_ids=to(position_ids))
         if ids.shape[1] == 1 and self.lm.recurrent:  # (one-token sequences: _run_on's recurrent step)
             return self._run_on(None, False, ids=ids, position_ids=torch.zeros_like(ids))
         return self._run(ids=ids)
