@@ -90,7 +90,7 @@ class WrongGuesses(Exhaustive):
 
     def guesses(self, t, ids):
         g = self.truth[t:].clone()
-        g[(torch.arange(t, len(self.truth)) % 3) == 1] = 0
+        g[(torch.arange(t, len(self.truth)) % 3) == 1] = 255  # (not 0, a padding id: SipIt._right_padding)
         return g
 
     def candidates(self, t, prefix):  # the true token ranked first: the lookahead batch finds it
@@ -159,7 +159,7 @@ class RevisedGuesses(WrongGuesses):
     def begin(self, target, cost):
         super().begin(target, cost)
         self.guess, self.revised = self.truth.clone(), []
-        self.guess[[2, 4]] = 0
+        self.guess[[2, 4]] = 255
 
     def guesses(self, t, ids):
         return self.guess[t:]
@@ -183,7 +183,7 @@ def test_after_a_wrong_guess_the_later_guesses_are_revised_from_the_same_pass(lm
     assert [q.via for q in r.positions] == ["speculation"] * 2 + ["lookahead"] * (len(ids[0]) - 2)
     [(t, guessed, seen)] = run.revised
     wrong = ids[0].clone()
-    wrong[[2, 4]] = 0
+    wrong[[2, 4]] = 255
     assert t == 3 and torch.equal(guessed, wrong[3:])
     assert torch.allclose(seen, LayerTap(lm, 2).states(wrong)[3:], atol=1e-4)  # after the wrong token at 2
 
@@ -443,12 +443,22 @@ def test_a_first_token_its_table_bound_excludes_is_verified_by_a_full_forward(lm
         assert p.exact and p.status == "ok" and p.positions[0].via == "full-length"
 
 
+class TruthGuesses(Exhaustive):
+    """Guesses the row's ids, its padding too (a ranker reading a pad's embedding off its state)."""
+
+    name = "truth-guesses"
+    truth = None
+
+    def guesses(self, t, ids):
+        return self.truth[t:]
+
+
 def test_a_right_padded_row_ends_where_its_padding_begins_without_its_mask(lm, monkeypatch):
     """A right-padded batch's states, saved without the mask: a pad attends to the prompt only, so no token matches it;
     the search tries the rest of the row as padding by each of lm.padding_ids (the tiny tokenizer has no pad or eos:
-    0) and the prompt ends there, exact against the batch's input_ids. A deep search asks after PAD_CHECK_AFTER
-    candidates, not after the whole vocabulary; a row padded with another id, and zeros that are the prompt's own
-    tokens (a forward without the mask), are not taken for padding."""
+    0) and the prompt ends there, exact against the batch's input_ids: as soon as a guessed padding id is wrong there,
+    else after PAD_CHECK_AFTER candidates or at the search's end. A row padded with another id, and zeros that are the
+    prompt's own tokens (a forward without the mask), are not padding."""
     S = importlib.import_module("sipit.invert.sipit")
 
     prompts, T = [[5, 9, 14, 200, 33, 7, 81], [40, 41], [3, 90, 17, 4], [40, 41, 0, 0]], 7
@@ -465,10 +475,14 @@ def test_a_right_padded_row_ends_where_its_padding_begins_without_its_mask(lm, m
     assert [(r.ids, r.status, r.length, r.right_padding, r.exact) for r in alone] == [
         (prompts[0], "ok", 7, 0, True), ([40, 41], "ok", 2, 5, True), (prompts[2], "failed", 7, 0, False),
         (prompts[3] + [0] * 3, "ok", 7, 0, True)]
-    assert alone[1].forward_tokens > lm.vocab_size  # (the tiny vocabulary is swept before it is asked)
-    monkeypatch.setattr(S, "PAD_CHECK_AFTER", 16)
-    deep = SipIt(tap=tap, config=InvertConfig(policy="exhaustive"), eps=1e-4).invert_prompt(states[1], ids[1].tolist())
-    assert (deep.ids, deep.right_padding, deep.exact) == ([40, 41], 5, True) and deep.forward_tokens < lm.vocab_size
+    assert alone[1].forward_tokens > lm.vocab_size  # (no guesses, 1024 > V: asked once every token was tried)
+    monkeypatch.setattr(S, "PAD_CHECK_AFTER", 16)  # asked after the search's first batch
+    deep = engine.invert_prompt(states[1], ids[1].tolist())
+    TruthGuesses.truth = ids[1]  # asked as soon as the guess 0 at position 2 is wrong
+    guessed = SipIt(tap=tap, config=InvertConfig(policy=TruthGuesses), eps=1e-4).invert_prompt(states[1], ids[1].tolist())
+    for r in (deep, guessed):
+        assert (r.ids, r.right_padding, r.exact) == ([40, 41], 5, True) and r.forward_tokens < lm.vocab_size
+    assert guessed.tap_calls == 2 and guessed.forward_tokens == T + 2 * T  # (the guesses' pass; 2 rows of padding)
 
 
 def test_wrong_model_fails():

@@ -38,6 +38,8 @@ class InvertConfig:
     first_batch: int = 16  # then candidate batches of 16, 64, 256, ... up to batch_size
     max_candidates: int | None = None  # per position; None: the whole vocabulary before failing
     max_seconds: float | None = None  # per prompt wall-clock cap; a capped prompt ends "failed" (message says so)
+    right_padding: bool = True  # a search with nothing within ε may end the prompt at a right-padded batch's padding
+    #                             (SipIt._right_padding: one forward); off for the paper's BruteForce
     # lock-step (sipit.py): prompts inverted together, each on its own clock, and new tokens per shared
     # pass. They change speed, not results: repr=False keeps them out of result keys (invert/cli.py)
     batch_prompts: int = field(default=32, repr=False)

@@ -60,7 +60,7 @@ def as_prompts(states, dim: int) -> list[Tensor]:
 def bruteforce_config(seed: int = 0, max_seconds: float | None = None, eps: float | None = None) -> InvertConfig:
     """The engine configured as the paper's BruteForce: random order, one candidate per pass."""
     return InvertConfig(policy="random", batch_size=1, first_batch=1, speculate=False, lookahead_tokens=0,
-                        seed=seed, max_seconds=max_seconds, eps=eps)
+                        seed=seed, max_seconds=max_seconds, eps=eps, right_padding=False)
 
 
 def make_inverter(method: str, tap, config, eps: float) -> Inverter:

@@ -23,9 +23,9 @@ Two things make it fast:
   through the model; the others are verified last, if nothing else matched. A search whose nearest
   candidate is within NEAR·ε but not ε recomputes it once by a forward of the prompt's whole length
   (`_full_length`): numerical noise differs by position, and at a rare one the loop's cached and
-  batched passes are off by more than ε where that forward is not. A search with nothing within ε after
-  PAD_CHECK_AFTER candidates (or none left) tries the rest of the row as a right-padded batch's padding
-  (`_right_padding`, one forward): where it is, the prompt ends there.
+  batched passes are off by more than ε where that forward is not. A search after a padding id was guessed and
+  wrong, or with nothing within ε after PAD_CHECK_AFTER candidates or none left, tries the rest of the row as a
+  right-padded batch's padding (`_right_padding`, one forward): where it is, the prompt ends there.
 
 After recovery every accepted position gets its certificate (verify.py): the tokens most likely to
 collide — near-duplicate embedding rows, tokens a lower bound cannot exclude — are always
@@ -133,10 +133,12 @@ NEAR = 50  # a search batch with nothing within ε, the nearest candidate so far
 #            the measured noise (eps.FACTOR).
 
 
-PAD_CHECK_AFTER = 1024  # a search with nothing within ε after this many candidates asks whether the rest of the row is
-#                         right padding (_right_padding: one forward, where each candidate costs about a position's;
-#                         so a deep search pays ~1/1000 more, and a right-padded row without its mask a few seconds
-#                         at SmolLM2's layer 30, not a sweep of the vocabulary: 49,152 candidates, minutes)
+# A search asks whether the rest of the row is right padding (_right_padding: one forward) first where the wrong guess
+# there was a padding id (a pad's state holds the pad's embedding, and the ranker guesses it: SmolLM2 layer 15, the
+# first pad of 8 right-padded rows, the guess there the pad id in all 8), else with nothing within ε after this many
+# (each costs about a position's forward: a deep search pays ~1/1000 more), not after sweeping the vocabulary (49,152
+# candidates at SmolLM2's layer 30: minutes a row; Qwen2.5-1.5B's 151,936 at layer 14, over an hour).
+PAD_CHECK_AFTER = 1024
 
 
 @dataclass
@@ -166,6 +168,7 @@ class SipIt:
                               pass_tokens=pass_tokens_for(config, self.lm.device))
         self.certifier = Certifier(self.tap, self.eps, self.config.certify, self.config.batch_size)
         self.drafts, self._draft = _wants_draft(self.config, self.tap), None  # (the draft tap: _draft_tap)
+        self.pad_ids = self.lm.padding_ids if self.config.right_padding else []  # what a batch is padded with
         self.policy = make_policy(self.config.policy, self.tap, self.config)
         self.policy.eps = eps
         self.name = self.policy.name
@@ -446,6 +449,8 @@ class SipIt:
             pads_checked = True
             padding = self._right_padding(run, prefix)
             return _Search(prefix, [], {}, padding) if padding is not None else None
+        if any(v in checked for v in self.pad_ids) and (hit := right_padded()):  # (a padding id guessed, and wrong)
+            return hit
         while not run.capped():
             left = limit - len(evaluated) - len(far)
             if left <= 0:
@@ -544,7 +549,7 @@ class SipIt:
         the prefix followed by T - t of each of lm.padding_ids, those positions masked, at the positions a plain
         forward gives them (0..T-1) and those generate() does (0). -> (pad id, T - t) where every position is within
         ε, else None."""
-        T, t, pads = run.target.shape[0], prefix.length, self.lm.padding_ids
+        T, t, pads = run.target.shape[0], prefix.length, self.pad_ids
         if not pads:
             return None
         rows = [(v, fill) for v in pads for fill in (None, 0)]
