@@ -449,6 +449,7 @@ class SipIt:
             pads_checked = True
             padding = self._right_padding(run, prefix)
             return _Search(prefix, [], {}, padding) if padding is not None else None
+
         if any(v in checked for v in self.pad_ids) and (hit := right_padded()):  # (a padding id guessed, and wrong)
             return hit
         while not run.capped():
@@ -552,14 +553,13 @@ class SipIt:
         T, t, pads = run.target.shape[0], prefix.length, self.pad_ids
         if not pads:
             return None
-        rows = [(v, fill) for v in pads for fill in (None, 0)]
-        ids = torch.cat([prefix.ids.cpu().expand(len(rows), t), torch.tensor([v for v, _ in rows])[:, None]
-                         .expand(-1, T - t)], 1)  # [R, T]
-        mask = (torch.arange(T) < t).long().expand(len(rows), T)
-        positions = torch.stack([torch.arange(T).masked_fill(mask[0] == 0, fill) if fill is not None
-                                 else torch.arange(T) for _, fill in rows])
+        plain = torch.arange(T)
+        rows = [(v, at) for v in pads for at in (plain, plain.masked_fill(plain >= t, 0))]  # (generate(): pads at 0)
+        ids = torch.stack([torch.cat([prefix.ids.cpu(), torch.full((T - t,), v)]) for v, _ in rows])  # [R, T]
+        mask = (plain < t).long().expand(len(rows), T)
         start = time.perf_counter()
-        h = self.tap.states(ids, attention_mask=mask, position_ids=positions)[:, t:]  # [R, T - t, dim]
+        h = self.tap.states(ids, attention_mask=mask, position_ids=torch.stack([at for _, at in rows]))[:, t:]
+        # h: [R, T - t, dim]
         sync(self.lm.device)
         run.cost["forward_tokens"] += ids.numel()
         run.cost["tap_calls"] += 1

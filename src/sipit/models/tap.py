@@ -359,9 +359,10 @@ class LayerTap:
         if ids.dim() == 1:
             return self.states(ids[None])[0]
         ids = ids.to(self.lm.device)
-        if attention_mask is not None or position_ids is not None:
-            to = lambda x: x.to(self.lm.device) if x is not None else None  # noqa: E731
-            return self._run(ids=ids, attention_mask=to(attention_mask), position_ids=to(position_ids))
+        given = {name: x.to(self.lm.device) for name, x in (("attention_mask", attention_mask),
+                                                             ("position_ids", position_ids)) if x is not None}
+        if given:
+            return self._run(ids=ids, **given)
         if ids.shape[1] == 1 and self.lm.recurrent:  # (one-token sequences: _run_on's recurrent step)
             return self._run_on(None, False, ids=ids, position_ids=torch.zeros_like(ids))
         return self._run(ids=ids)
