@@ -61,7 +61,8 @@ def invert(path: Path, layer: int) -> dict:
     code = main(["--threads", "2", "invert", str(path), "--model", model, "--layer", str(layer), "--calibration",
                  calibration, "-q", "-o", str(path.with_suffix(f".L{layer}.jsonl"))])
     rows = [json.loads(x) for x in path.with_suffix(f".L{layer}.jsonl").read_text().splitlines()]
-    return dict(exit=code, exact=sum(r["ids"] == p for r, p in zip(rows, prompts)), prompts=len(prompts),
+    return dict(exit=code, exact=sum(r["ids"] == p and r["status"] != "failed" for r, p in zip(rows, prompts)),
+                prompts=len(prompts),
                 status={s: sum(r["status"] == s for r in rows) for s in {r["status"] for r in rows}},
                 padded=sum(r.get("left_padding", 0) + r.get("right_padding", 0) > 0 for r in rows),
                 seconds=round(time.perf_counter() - t, 1))

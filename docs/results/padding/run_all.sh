@@ -3,7 +3,7 @@
 set -e
 cd "$(dirname "$0")"
 commit=$(git rev-parse --short HEAD)
-for args in "smollm2 1151 1,15,30 full" "gemma3-270m 1153 1,9,18 fast" "qwen2.5-coder-1.5b 1163 1,14 fast"; do
+for args in "smollm2 1213 1,15,30 full" "gemma3-270m 1217 1,9,18 fast" "qwen2.5-coder-1.5b 1223 1,14 fast"; do
   set -- $args
   echo "# $(date -u +%H:%M) load $(cut -d' ' -f1-3 /proc/loadavg)"
   python padded_check.py "$@" 2>/dev/null | grep --line-buffered '^{' | tee "padded-$1-$2-$commit.jsonl"
