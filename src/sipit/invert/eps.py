@@ -32,9 +32,10 @@ from ..io import write_json
 from ..models.load import cache_dir
 from .verify import UNIT_ROUNDOFF, rel_distance, tolerance
 
-VERSION = 6  # of the cached noise profile (3: keyed by the blocks the tap reads; 4: flat candidate passes; 5: position
+VERSION = 7  # of the cached noise profile (3: keyed by the blocks the tap reads; 4: flat candidate passes; 5: position
 #              1 on the prefixes the loop's own passes leave, alone and in lock-step; 6: ALiBi models' passes keep
-#              every key at its position, where flat ones had shifted them: MPT's noise was that of a wrong model)
+#              every key at its position, where flat ones had shifted them: MPT's noise was that of a wrong model;
+#              7: 16-bit models' lock-step passes are never flat, whose noise had set SmolLM2 bfloat16's eps to 0.42)
 FACTOR = 50.0  # ε = FACTOR × the largest measured noise: headroom for paths and prompts not measured
 #                (SmolLM2 layer 30: position 1 after " proof" showed 3.3e-5 where the calibration measured 4.3e-6)
 HALF_FACTOR = 4.0  # the same for bf16/fp16 models, whose rounding dominates every path alike: random:llama-3.1-8b
@@ -171,7 +172,7 @@ def tolerance_for(tap, dtypes, eps: float | None = None, batch_size: int = 256,
     per_position = noise_profile(tap, batch_size)
     noise = max(max(per_position), FLOOR_ULPS * UNIT_ROUNDOFF[torch.float32])
     coarsest = max(dtypes, key=lambda dt: UNIT_ROUNDOFF.get(dt, 2.0 ** -8))
-    factor = HALF_FACTOR if tap.lm.dtype in (torch.bfloat16, torch.float16) else FACTOR
+    factor = HALF_FACTOR if tap.lm.half else FACTOR
     return Tolerance(eps=tolerance(coarsest, factor * noise) + observation_error, noise=noise,
                      noise_per_position=per_position, factor=factor, dtype_roundoff=u, source="measured",
                      observation_error=observation_error, seconds=round(time.perf_counter() - start, 2))

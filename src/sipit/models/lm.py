@@ -108,6 +108,11 @@ class LM:
         return self.embed.weight.dtype
 
     @property
+    def half(self) -> bool:
+        """Whether the model computes in a 16-bit float (bfloat16, float16)."""
+        return self.dtype in (torch.bfloat16, torch.float16)
+
+    @property
     def device(self) -> torch.device:
         """Where the embedding lives: every tensor an algorithm makes for this model goes here."""
         return self.embed.weight.device

@@ -462,7 +462,8 @@ class LayerTap:
         caches to the longest prefix, the padding masked out) or flat (_extend_flat: every row's tokens
         in one sequence), whichever its estimated cost favours. Requests whose positions reach a
         sliding window (Gemma-3, Mistral), and every request of an ALiBi model (BLOOM, MPT), never go flat and
-        share padded passes only with those of their prefix length (_in_place); a recurrent model's never go flat.
+        share padded passes only with those of their prefix length (_in_place); a recurrent or 16-bit model's
+        never go flat.
         layout: "padded" or "flat" makes every pass that one where it may be (eps.measure_noise measures both).
         -> per request (states [B_i, k_i, dim], grown(b, n) -> Prefix)."""
         groups: dict = {}
@@ -472,7 +473,11 @@ class LayerTap:
         for length, members in groups.items():
             members = sorted(members, key=lambda i: -requests[i][1].shape[1])
             shapes = [(requests[i][0].length, *requests[i][1].shape) for i in members]
-            flat_ok = length is None and not self.lm.recurrent
+            # a 16-bit model's requests never share a flat pass: SmolLM2 in bfloat16 (this project's CPU), position
+            # 1 after ' In' in a flat pass of 8-24 lock-step requests 10-13% from one full forward at layer 15,
+            # 1.6% padded, and eps (4x the largest noise) 0.42, within which wrong tokens were accepted
+            # (docs/results/precision/bf16-inversion/)
+            flat_ok = length is None and not self.lm.recurrent and not self.lm.half
             for part, flat in pack(shapes, max_tokens, *self._costs, flat=flat_ok):
                 part = [members[j] for j in part]
                 if layout is not None:
