@@ -70,6 +70,22 @@ def test_cli_names_the_layer_and_the_invert_command(tmp_path, capsys):
     assert main(["--threads", "1", "identify", str(tmp_path / "nn.pt"), "--model", "tiny-gpt2"]) == 1
 
 
+def test_a_bfloat16_models_file_is_identified_by_the_model_in_bfloat16(tmp_path, capsys):
+    """A file of a bfloat16 model's states with its input_ids (no mask) and no precision: its candidates run in
+    bf16, as invert's model does, and its ids decide the layer; run in float32 they reproduce no layer."""
+    lm = load_model("tiny-llama", precision="bf16")
+    ids = torch.tensor(PROMPTS[:1])
+    h = lm.model(input_ids=ids, output_hidden_states=True).hidden_states[3]  # [1, T, d] bfloat16
+    torch.save({"hidden_states": h, "input_ids": ids}, tmp_path / "bf16.pt")
+    assert main(["--threads", "1", "identify", str(tmp_path / "bf16.pt"), "--model", "tiny-llama"]) == 0
+    printed = capsys.readouterr()
+    assert "loading tiny-llama in bf16" in printed.err
+    assert "layer 3 of tiny-llama: every position of the file's own ids" in printed.out
+    assert main(["--threads", "1", "identify", str(tmp_path / "bf16.pt"), "--model", "tiny-llama", "--precision",
+                 "fp32"]) == 1
+    assert "tiny-llama: no layer matches" in capsys.readouterr().out
+
+
 def test_a_left_padded_batch_is_identified_from_its_prompts_first_tokens(tmp_path, capsys):
     """A raw dump of a left-padded batch's layer (the padding at position 0) with its attention_mask given apart: each
     row's first token is where its mask starts, and the invert line passes the mask on."""

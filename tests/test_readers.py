@@ -44,6 +44,31 @@ def test_hf_hidden_states_tuple(tiny_lm, tmp_path, capsys):
         assert code == 0 and recovered == ids.tolist()
 
 
+def test_a_bfloat16_models_states_are_inverted_by_the_model_in_bfloat16(tmp_path, capsys):
+    """transformers keeps a bfloat16 model's dtype in its hidden_states, and a file of them does not say the model's
+    precision: invert runs the model in bf16 (saying so), the file's input_ids (no mask) its ground truth. Made to run
+    in float32, the ids reproduce the states at no layer (a warning before anything is fitted) and nothing matches."""
+    bf16 = load_model("tiny-llama", precision="bf16")
+    ids = torch.randint(1, bf16.vocab_size, (2, 8), generator=torch.Generator().manual_seed(3))
+    hs = bf16.model(input_ids=ids, output_hidden_states=True).hidden_states
+    torch.save({"hidden_states": hs, "input_ids": ids}, tmp_path / "hs.pt")
+    st = load_states(tmp_path / "hs.pt", layer=2)
+    assert st.precision == "bf16" and st.ids == ids.tolist() and st.prompts[0].dtype == torch.bfloat16
+    torch.save({"hidden_states": tuple(h.float() for h in hs)}, tmp_path / "fp32.pt")
+    assert load_states(tmp_path / "fp32.pt", layer=2).precision is None  # (float32: the default, fp32)
+    out = tmp_path / "out.jsonl"
+    args = ["--threads", "1", "invert", str(tmp_path / "hs.pt"), "--model", "tiny-llama", "--layer", "2", "--policy",
+            "exhaustive", "-q", "-o", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr()
+    assert "tiny-llama runs in bf16" in printed.err and "2/2 prompts recovered" in printed.out
+    assert [json.loads(line)["exact"] for line in out.read_text().splitlines()] == [True, True]
+    assert main([*args, "--precision", "fp32"]) == 1
+    printed = capsys.readouterr()
+    assert "reproduce its states at no layer of tiny-llama in fp32" in printed.err and "runs in" not in printed.err
+    assert "0/2 prompts recovered" in printed.out and "precision (--precision" in printed.out
+
+
 @pytest.mark.parametrize("spec,centred", [("tiny-gpt2", True), ("tiny-llama", False)])
 def test_transformer_lens_default_and_no_processing(spec, centred, tmp_path, capsys):
     from transformer_lens.model_bridge import TransformerBridge

@@ -132,6 +132,12 @@ def check_layer(lm: LM, ids: list[int], states: Tensor, layer: int, final_norm: 
     ident = identify_with_ids(lm, ids, states, error)
     asked = next(h for h in ident.hypotheses if (h.layer, h.final_norm) == (layer, final_norm))
     best = ident.best
+    if not ident.matching:  # (a wrong layer at the right precision matches: below)
+        near = ident.hypotheses[0]
+        print(f"sipit: warning: the file's own ids reproduce its states at no layer of {lm.name} in {lm.precision} "
+              f"(nearest: {near.name}, scaled distance {near.distance:.2g}; tolerance {ident.tolerance:.2g}): made "
+              "at another precision (--precision), by other weights, or at other positions? Its prompts are not "
+              "likely to be recovered", file=sys.stderr)
     if best is not None and not asked.matched:
         norm = " --final-norm" if best.final_norm else ""
         raise SipitError(f"these states are {best.name} of {lm.name} for the file's own ids (scaled distance "

@@ -7,27 +7,32 @@ from pathlib import Path
 from .io import SipitError
 
 
-def identify_file(path: Path, model_names: list[str] | None, load, screens: dict,
-                  exhaustive: bool = False, mask: str | None = None) -> list[tuple[str, object]]:
+def identify_file(path: Path, model_names: list[str] | None, load, screens: dict, exhaustive: bool = False,
+                  mask: str | None = None, precision: str | None = None) -> list[tuple[str, object]]:
     """(label, Identification) for each candidate model of one file (a vLLM export: for each of its layer slots,
     from its own token ids). model_names: the models to try (None: the file's own, else every installed
-    embedded model as wide as the states); load(name) -> LM; screens: Screens per model name, fitted on first use;
-    exhaustive: identify's; mask: a padded batch's attention_mask file (load_states)."""
+    embedded model as wide as the states); load(name, precision) -> LM; screens: Screens per model name, fitted on
+    first use; exhaustive: identify's; mask: a padded batch's attention_mask file (load_states); precision: the
+    candidates' (None: the file's, as `sipit invert` reads it: its metadata, else a bfloat16/float16 file's dtype,
+    else fp32)."""
     from .identify import PROBE, Screens, identify_states, identify_with_ids
     from .readers import vllm_export
-    from .states import load_states, read_tensors
+    from .states import computed_in, load_states, read_tensors
 
     tensors, meta = read_tensors(path)
     if "surface" not in meta and vllm_export(tensors):
         hs, ids = tensors["hidden_states"], tensors["token_ids"].tolist()
+        at = precision or computed_in(hs) or "fp32"
         return [(f"slot {i}", identify_with_ids(lm, ids, hs[:, i]))
-                for lm in _candidates(path, model_names, None, hs.shape[-1], load) for i in range(hs.shape[1])]
+                for lm in _candidates(path, model_names, None, hs.shape[-1], lambda n: load(n, at))
+                for i in range(hs.shape[1])]
     st = load_states(path, mask=mask)
     if st.surface != "states":
         raise SipitError(f"{path}: a {st.surface} file; `sipit identify` reads hidden states (its layer is the "
                          "file's: give it to `sipit invert` with --layer)")
+    at = precision or st.precision or "fp32"
     out = []
-    for lm in _candidates(path, model_names, st.model, st.d_model, load):
+    for lm in _candidates(path, model_names, st.model, st.d_model, lambda n: load(n, at)):
         if not st.ids and lm.name not in screens:
             print(f"sipit: fitting {lm.name}'s screens (one pass of {PROBE} tokens through every block)",
                   file=sys.stderr)
@@ -97,17 +102,17 @@ def cmd_identify(args):
 
     models, screens = {}, {}
 
-    def load(name):
-        if name not in models:
-            print(f"sipit: loading {name}", file=sys.stderr)
-            models[name] = load_model(name, precision=args.precision, device=args.device)
-        return models[name]
+    def load(name, precision):
+        if (name, precision) not in models:
+            print(f"sipit: loading {name}" + (f" in {precision}" if precision != "fp32" else ""), file=sys.stderr)
+            models[name, precision] = load_model(name, precision=precision, device=args.device)
+        return models[name, precision]
 
     rows, missed = [], []
     for path in map(Path, args.files):
         if not path.is_file():
             raise SipitError(f"states file not found: {path}")
-        results = identify_file(path, args.model, load, screens, args.exhaustive, args.attention_mask)
+        results = identify_file(path, args.model, load, screens, args.exhaustive, args.attention_mask, args.precision)
         for label, ident in results:
             print(describe(path, label, ident, args.attention_mask))
             rows.append(dict(file=str(path), slot=label or None, **ident.to_json()))
@@ -135,7 +140,9 @@ def add_identify_parser(sub) -> None:
     s.add_argument("--model", action="append", default=None,
                    help="a candidate model (repeat for several; default: the file's own, else every installed "
                         "embedded model as wide as the states)")
-    s.add_argument("--precision", default="fp32", choices=PRECISIONS, help="the candidates' precision (default fp32)")
+    s.add_argument("--precision", default=None, choices=PRECISIONS,
+                   help="the candidates' precision (default: the file's, as sipit invert reads it: its metadata, "
+                        "else a bfloat16 or float16 file's dtype, else fp32)")
     s.add_argument("--exhaustive", action="store_true",
                    help="where no shortlisted token matches, run every token through every block (SmolLM2: 145 s "
                         "on 2 CPU threads)")

@@ -24,7 +24,9 @@ hidden_states tuples, TransformerLens caches, nnsight saves, vLLM hidden-states 
 
 A padded batch (a tokenizer's `padding=True`, left or right) is read with its `attention_mask` [B, T]
 (beside the observations in the file, or given apart: load_states' `mask`): each row's prompt is its
-positions where the mask is 1, and the batch's `input_ids` [B, T], where the file has them, its ids.
+positions where the mask is 1. The batch's `input_ids` [B, T], where the file has them (masked or not), are its
+prompts' ids (ground truth, and a check of the layer and precision: invert/cli.py). A file that does not say its
+model's precision was computed in its observations' dtype where that is bfloat16 or float16 (computed_in).
 """
 from __future__ import annotations
 
@@ -333,6 +335,14 @@ def _repeated_start(x: Tensor) -> int:
     return run if run < len(x) else 0
 
 
+def computed_in(x: Tensor, bound=None) -> str | None:
+    """The precision a file that does not say its model's ("precision" metadata: sipit capture writes it; a
+    transformers, TransformerLens, nnsight or vLLM file does not) was most likely computed in: its observations'
+    16-bit float dtype, which those tools keep from the model (a bfloat16 model's hidden_states are bfloat16); None
+    for float32 and for a storage format's codes (bound: its rounding, from float32 states)."""
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype) if bound is None else None
+
+
 def _ids_in(path: Path, input_ids: Tensor, B: int, T: int, spans: list[tuple[int, int]]) -> list[list[int]]:
     """A padded batch's input_ids [B, T] (or [T]) -> each row's prompt ids (its spans), the file's ground truth."""
     input_ids = input_ids[None] if input_ids.dim() == 1 else input_ids
@@ -362,8 +372,8 @@ def _validate(path: Path, tensors: dict, meta: dict) -> States:
         if "lengths" in meta:
             raise StatesError(f"{path}: both metadata 'lengths' and an attention_mask: give one")
         spans = _spans(path, tensors["attention_mask"], B, T)
-        if ids is None and "input_ids" in tensors:
-            ids = _ids_in(path, tensors["input_ids"], B, T, spans)
+    if ids is None and "input_ids" in tensors:
+        ids = _ids_in(path, tensors["input_ids"], B, T, spans)
     if ids is not None and [len(i) for i in ids] != [e - s for s, e in spans]:
         raise StatesError(f"{path}: metadata 'ids' lengths {[len(i) for i in ids]} do not match the states "
                           f"{[e - s for s, e in spans]}")
@@ -378,5 +388,6 @@ def _validate(path: Path, tensors: dict, meta: dict) -> States:
     if bound is not None:
         error = max(storage_error(p, bound[i, s:e]) for i, (p, (s, e)) in enumerate(zip(prompts, spans)))
     return States(prompts, model=meta.get("model"), layer=layer, final_norm=meta.get("final_norm") == "true",
-                  precision=meta.get("precision"), tokenizer=meta.get("tokenizer"), ids=ids, meta=dict(meta),
+                  precision=meta.get("precision") or computed_in(x, bound), tokenizer=meta.get("tokenizer"), ids=ids,
+                  meta=dict(meta),
                   surface=surface, error=error, left_padded=any(s > 0 for s, _ in spans), **extra)

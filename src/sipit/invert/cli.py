@@ -64,6 +64,10 @@ def prepare(args, path: Path, out: Path, models: dict) -> FileJob:
                          "the model and layer among the installed ones)")
     final_norm = st.final_norm if args.final_norm is None else args.final_norm
     precision = args.precision or st.precision or "fp32"
+    if not args.precision and st.precision and "precision" not in st.meta:  # (states.computed_in)
+        print(f"sipit: {path} does not say its model's precision; its states are {precision}, as those of a model "
+              f"computing in {precision} are: {model} runs in {precision} (--precision fp32 if float32 states were "
+              "only stored so)", file=sys.stderr)
     if (model, precision) not in models:
         models[model, precision] = load_model(model, precision=precision, device=args.device)
     lm = models[model, precision]

@@ -309,8 +309,9 @@ class SipIt:
                 why = (f"time cap of {self.config.max_seconds:g}s reached at position {t} ({q.tried} candidates "
                        "tried there)" if not no_match else
                        f"no token within eps={self.eps:g} at position {t} (best relative distance {q.distance:.3g}); "
-                       "wrong model, layer, norm setting, a padded batch's padding (give its attention_mask), or "
-                       "not a state of a token sequence?")
+                       "wrong model, layer, norm setting or precision (--precision: a bfloat16 model's states lie "
+                       "~1% from float32's), a padded batch's padding (give its attention_mask), or not a state of "
+                       "a token sequence?")
                 break
         # the verified positions (all, or those before a failure) get their certificates: what they still need
         # evaluated goes in requests of a pass each, every position on its part of the recovered prefix's cache
