@@ -447,7 +447,7 @@ class SipIt:
             nonlocal rechecked
             if rechecked or nearest[1] > NEAR * self.eps:
                 return None
-            if self.sure < self.eps and nearest[1] > self.sure and len(evaluated) + len(far) < CONFIRM:
+            if self.sure < self.eps and nearest[1] > self.sure and len(evaluated) + len(far) < min(CONFIRM, limit):
                 return None  # (a 16-bit model's: not yet the nearest of enough)
             rechecked, v = True, nearest[0]
             full, grown = self._full_length(run, prefix, v, continuation)
