@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from sipit.invert import InvertConfig, invert
-from sipit.models import LayerTap
+from sipit.models import LayerTap, load_model
 from sipit.models.surfaces import KVTap, ProjectedTap
 
 
@@ -64,8 +64,6 @@ def test_a_16_bit_models_lock_step_requests_never_share_a_flat_pass(monkeypatch)
     """In bfloat16 a flat pass of many requests put a state 10% from one full forward (SmolLM2 layer 15, where padded
     passes gave 1.6%), so a 16-bit model's extend_many goes padded, even where layout="flat" is asked (eps's
     measurement): those states are each extend's alone, up to bfloat16's rounding. A float32 model's still go flat."""
-    from sipit.models import load_model
-
     for precision, flat in (("bf16", False), ("fp32", True)):
         tap = LayerTap(load_model("tiny-llama", precision=precision), 2)
         ids = torch.randint(0, tap.lm.vocab_size, (3, 9), generator=torch.Generator().manual_seed(4))

@@ -140,8 +140,8 @@ NEAR = 50  # a search batch with nothing within ε, the nearest candidate so far
 # candidates at SmolLM2's layer 30: minutes a row; Qwen2.5-1.5B's 151,936 at layer 14, over an hour).
 PAD_CHECK_AFTER = 1024
 # A 16-bit model's passes recompute a state only up to its rounding's path noise, and ε (4 × the largest measured:
-# eps.HALF_FACTOR) reaches other tokens' distances (SmolLM2 in bfloat16, layer 30 after the final norm, fresh seed
-# 1231: ε 0.24, three wrong guesses accepted at 0.20-0.23 where the truth lay at 0.012-0.014, two reported ok). There a
+# eps.HALF_FACTOR) reaches other tokens' distances (SmolLM2 in bfloat16, layer 30 after the final norm, seed 1231:
+# ε 0.24, three wrong guesses accepted at 0.20-0.23 where the truth lay at 0.012-0.014, two reported ok). There a
 # candidate is accepted at once within SipIt.sure = ε/2 (twice the noise); one within ε only as the nearest of at
 # least CONFIRM candidates evaluated at its position, through a full forward of the prompt's length (recheck), where
 # it is recomputed as the observation was (SmolLM2 bfloat16: the truth's full-length distance 0, the wrong 0.20).
@@ -337,8 +337,9 @@ class SipIt:
         return self._finish(run, prefix.ids.tolist(), positions, why, true_ids)
 
     def _sure_note(self) -> str:
-        return f" (a 16-bit model's: within {self.sure:g} in its passes, or in a full forward: CONFIRM)" \
-            if self.sure < self.eps else ""
+        """What eps means for a 16-bit model (CONFIRM), in a failure's message."""
+        return f" (a 16-bit model's candidate: within {self.sure:g} in its passes, or the nearest of {CONFIRM} " \
+            "within that in a full forward)" if self.sure < self.eps else ""
 
     def _reliable(self, T: int) -> bool:
         """Whether this engine's guesses have been right often enough that a T-token prompt's first row
