@@ -71,12 +71,12 @@ def test_cli_names_the_layer_and_the_invert_command(tmp_path, capsys):
 
 
 def test_a_bfloat16_models_file_is_identified_by_the_model_in_bfloat16(tmp_path, capsys):
-    """A file of a bfloat16 model's states with its input_ids (no mask) and no precision: its candidates run in
-    bf16, as invert's model does, and its ids decide the layer; run in float32 they reproduce no layer."""
+    """A file of a bfloat16 model's states with the tokenizer's output and no precision: its candidates run in bf16,
+    as invert's model does, and its ids decide the layer; run in float32 they reproduce no layer."""
     lm = load_model("tiny-llama", precision="bf16")
     ids = torch.tensor(PROMPTS[:1])
     h = lm.model(input_ids=ids, output_hidden_states=True).hidden_states[3]  # [1, T, d] bfloat16
-    torch.save({"hidden_states": h, "input_ids": ids}, tmp_path / "bf16.pt")
+    torch.save({"hidden_states": h, "input_ids": ids, "attention_mask": torch.ones_like(ids)}, tmp_path / "bf16.pt")
     assert main(["--threads", "1", "identify", str(tmp_path / "bf16.pt"), "--model", "tiny-llama"]) == 0
     printed = capsys.readouterr()
     assert "loading tiny-llama in bf16" in printed.err

@@ -46,12 +46,13 @@ def test_hf_hidden_states_tuple(tiny_lm, tmp_path, capsys):
 
 def test_a_bfloat16_models_states_are_inverted_by_the_model_in_bfloat16(tmp_path, capsys):
     """transformers keeps a bfloat16 model's dtype in its hidden_states, and a file of them does not say the model's
-    precision: invert runs the model in bf16 (saying so), the file's input_ids (no mask) its ground truth. Made to run
-    in float32, the ids reproduce the states at no layer (a warning before anything is fitted) and nothing matches."""
+    precision: invert runs the model in bf16 (saying so), the tokenizer's output saved beside them its ground truth.
+    Made to run in float32, the ids reproduce the states at no layer (a warning before anything is fitted) and nothing
+    matches."""
     bf16 = load_model("tiny-llama", precision="bf16")
     ids = torch.randint(1, bf16.vocab_size, (2, 8), generator=torch.Generator().manual_seed(3))
     hs = bf16.model(input_ids=ids, output_hidden_states=True).hidden_states
-    torch.save({"hidden_states": hs, "input_ids": ids}, tmp_path / "hs.pt")
+    torch.save({"hidden_states": hs, "input_ids": ids, "attention_mask": torch.ones_like(ids)}, tmp_path / "hs.pt")
     st = load_states(tmp_path / "hs.pt", layer=2)
     assert st.precision == "bf16" and st.ids == ids.tolist() and st.prompts[0].dtype == torch.bfloat16
     torch.save({"hidden_states": tuple(h.float() for h in hs)}, tmp_path / "fp32.pt")
@@ -183,8 +184,9 @@ def test_a_padded_batch_is_read_with_its_attention_mask(tiny_lm, side, tmp_path,
         code, _, recovered = invert_file(tmp_path / name, tiny_lm.name, capsys, "--layer", "2", *extra)
         assert code == 0 and recovered == prompts
     # without the mask: left padding computes one state at every position, and the rest of the row is its tokens'
-    # alone, so it is skipped, shown so; right padding matches no token, and the row ends where it begins
-    torch.save(hs, tmp_path / "unmasked.pt")
+    # alone, so it is skipped, shown so; right padding matches no token, and the row ends where it begins (the
+    # batch's input_ids saved beside them without the mask are not read: they hold the padding)
+    torch.save({"hidden_states": hs, "input_ids": ids}, tmp_path / "unmasked.pt")
     code = main(["--threads", "1", "invert", str(tmp_path / "unmasked.pt"), "--model", tiny_lm.name, "--layer", "2",
                  "--policy", "exhaustive", "-q"])
     io = capsys.readouterr()

@@ -24,9 +24,10 @@ hidden_states tuples, TransformerLens caches, nnsight saves, vLLM hidden-states 
 
 A padded batch (a tokenizer's `padding=True`, left or right) is read with its `attention_mask` [B, T]
 (beside the observations in the file, or given apart: load_states' `mask`): each row's prompt is its
-positions where the mask is 1. The batch's `input_ids` [B, T], where the file has them (masked or not), are its
-prompts' ids (ground truth, and a check of the layer and precision: invert/cli.py). A file that does not say its
-model's precision was computed in its observations' dtype where that is bfloat16 or float16 (computed_in).
+positions where the mask is 1, and the batch's `input_ids` [B, T], where the file has them, its ids (ground truth,
+and a check of the layer and precision: invert/cli.py; without the mask they are not read: a left-padded batch's
+padding is then found from its states, States.padding_runs). A file that does not say its model's precision was
+computed in its observations' dtype where that is bfloat16 or float16 (computed_in).
 """
 from __future__ import annotations
 
@@ -372,8 +373,8 @@ def _validate(path: Path, tensors: dict, meta: dict) -> States:
         if "lengths" in meta:
             raise StatesError(f"{path}: both metadata 'lengths' and an attention_mask: give one")
         spans = _spans(path, tensors["attention_mask"], B, T)
-    if ids is None and "input_ids" in tensors:
-        ids = _ids_in(path, tensors["input_ids"], B, T, spans)
+        if ids is None and "input_ids" in tensors:
+            ids = _ids_in(path, tensors["input_ids"], B, T, spans)
     if ids is not None and [len(i) for i in ids] != [e - s for s, e in spans]:
         raise StatesError(f"{path}: metadata 'ids' lengths {[len(i) for i in ids]} do not match the states "
                           f"{[e - s for s, e in spans]}")
