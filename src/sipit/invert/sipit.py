@@ -146,6 +146,13 @@ PAD_CHECK_AFTER = 1024
 # least CONFIRM candidates evaluated at its position, through a full forward of the prompt's length (recheck), where
 # it is recomputed as the observation was (SmolLM2 bfloat16: the truth's full-length distance 0, the wrong 0.20).
 CONFIRM = 256
+# Nor are a 16-bit model's search passes computed as the observation was: attention kernels take their path by the
+# sequence's length (torch's CPU flash attention: another softmax code under 8 keys than at 8 and more), and bfloat16
+# carries the difference up the layers (SmolLM2 layer 15, fresh seed 1277, position 1 after ' spontaneous': the truth
+# ' road', the ranker's 3rd, 5.2% from the observation in a search pass of 2 keys, 0 in any forward of 8 tokens or
+# more; ' ramp', its 16th, 2.2% there and 19.5% in a full forward: ' ramp' was accepted, the prompt failed at 2). Its
+# searches accept a token only through a full forward of the prompt's length, of each candidate of a batch within ε
+# there (confirmed), the nearest if within SipIt.sure.
 
 
 @dataclass
@@ -438,6 +445,7 @@ class SipIt:
         drafts, far = self.drafts, {}  # far: candidates the draft put far from the observation {id: its distance}
         nearest = min(checked.items(), key=lambda item: item[1], default=(None, float("inf")))  # (id, distance)
         rechecked = False  # whether the nearest went through a full forward (_full_length) in this search
+        full_checked = set()  # the candidates a 16-bit model's search confirmed or not (confirmed)
         pads_checked = False  # whether the rest of the row was tried as right padding (_right_padding) in this search
         draft_prefix = []  # the prefix through the draft, made at the search's first drafted batch
 
@@ -446,7 +454,7 @@ class SipIt:
             (_full_length), once a search; found where within SipIt.sure there (a 16-bit model's: once the nearest of
             CONFIRM candidates). -> found, or None."""
             nonlocal rechecked
-            if rechecked or nearest[1] > NEAR * self.eps:
+            if rechecked or nearest[1] > NEAR * self.eps or nearest[0] in full_checked:
                 return None
             if self.sure < self.eps and nearest[1] > self.sure and len(evaluated) + len(far) < min(CONFIRM, limit):
                 return None  # (a 16-bit model's: not yet the nearest of enough)
@@ -457,6 +465,25 @@ class SipIt:
             evaluated[v] = full
             return _Search(grown, [Position(v, full, None, 0, tried=len(evaluated) + len(far), via="full-length",
                                             drafted=len(far))], {})
+
+        def confirmed(batch: Tensor, d: Tensor) -> _Search | None:
+            """A 16-bit model's search batch, ids [B] at pass distances d [B]: each candidate within ε through a full
+            forward of the prompt's length (_full_length), the nearest there found if within SipIt.sure. -> found, or
+            None."""
+            nonlocal nearest
+            best = None
+            within = (d <= self.eps).nonzero().flatten()
+            for b in within[d[within].argsort()].tolist():
+                v = int(batch[b])
+                full, grown = self._full_length(run, prefix, v, continuation)
+                evaluated[v] = full
+                full_checked.add(v)
+                if v == nearest[0]:  # (its full distance: a later batch's nearest may replace it)
+                    nearest = (v, full)
+                if full <= self.sure and (best is None or full < best[1]):
+                    best = (v, full, grown)
+            return None if best is None else _Search(best[2], [Position(
+                best[0], best[1], None, 0, tried=len(evaluated) + len(far), via="full-length", drafted=len(far))], {})
 
         def right_padded() -> _Search | None:
             """Where nothing passed: the rest of the row as right padding (_right_padding), once a search. -> found,
@@ -511,13 +538,17 @@ class SipIt:
             passing = (d <= self.sure).nonzero().flatten()
             if len(d) and float(d.min()) < nearest[1]:
                 nearest = (int(batch[int(d.argmin())]), float(d.min()))
+            if lookahead:
+                self.carried += 1
+                self.carried_wrong += not bool((passing < carry).any())
+            if self.lm.half:  # (its pass only chooses what a full forward confirms: below CONFIRM)
+                if (hit := confirmed(batch, d)) is not None:
+                    return hit
+                passing = passing[:0]
             if not len(passing) and (hit := recheck()) is not None:  # (the nearest may be a wrong guess's)
                 return hit
             if not len(passing) and len(evaluated) + len(far) >= PAD_CHECK_AFTER and (hit := right_padded()):
                 return hit
-            if lookahead:
-                self.carried += 1
-                self.carried_wrong += not bool((passing < carry).any())
             if len(passing):
                 b = int(passing[d[passing].argmin()])
                 h, grown, j = rows[b]
