@@ -221,6 +221,36 @@ def test_a_16_bit_models_search_accepts_a_token_only_through_a_full_forward(prec
         assert p.ids[at] == decoy and p.positions[at].distance == 0
 
 
+def test_a_16_bit_models_search_confirms_a_token_beyond_half_eps_only_as_the_nearest_of_many():
+    """At SmolLM2's layer 30 in bfloat16 (ε 0.24 after the final norm) wrong tokens lie within ε/2 of the observation
+    even in a full forward (0.10-0.12, fresh seed 1279). A candidate within ε but beyond ε/2 in its pass goes through
+    a full forward only once CONFIRM candidates were evaluated, the nearest there winning: planted here, a decoy (the
+    first candidate) at 0.8 ε in its pass and 0.3 ε in a full forward loses to the truth, evaluated after it."""
+    lm = load_model("tiny-llama", precision="bf16")
+    ids, states = capture(lm, TEXT[:1], 2)
+    at, decoy, eps = 4, 0, 0.05
+    assert int(ids[0, at]) != decoy
+    NearGuess.truth, NearGuess.at, NearGuess.near = ids[0], at, 1
+    engine = SipIt(lm, 2, InvertConfig(policy=NearGuess, batch_size=64), eps=eps)
+    extend_many, full_length, y = engine.tap.extend_many, engine._full_length, states[0, at].float()
+
+    def planted(requests, *args, **kwargs):
+        out = extend_many(requests, *args, **kwargs)
+        for (prefix, rows), (h, _) in zip(requests, out):
+            if prefix.length == at:
+                off = torch.randn(y.shape, generator=torch.Generator().manual_seed(0))
+                h[rows[:, 0] == decoy, 0] = (y + 0.8 * eps * y.norm() * off / off.norm()).to(h.dtype)
+        return out
+
+    def near_in_full(run, prefix, v, continuation):
+        d, grown = full_length(run, prefix, v, continuation)
+        return (0.3 * eps if v == decoy and prefix.length == at else d), grown
+
+    engine.tap.extend_many, engine._full_length = planted, near_in_full
+    p = engine.invert_prompt(states[0], ids[0].tolist())
+    assert p.exact and p.positions[at].via == "full-length" and p.positions[at].distance < 0.3 * eps
+
+
 class RevisedGuesses(WrongGuesses):
     """Guesses 2 and 4 wrong; revise (what the loop tells it after a wrong guess) records its call and
     fixes every later guess, as a perfect re-ranker would."""

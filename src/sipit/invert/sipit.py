@@ -151,8 +151,10 @@ CONFIRM = 256
 # carries the difference up the layers (SmolLM2 layer 15, fresh seed 1277, position 1 after ' spontaneous': the truth
 # ' road', the ranker's 3rd, 5.2% from the observation in a search pass of 2 keys, 0 in any forward of 8 tokens or
 # more; ' ramp', its 16th, 2.2% there and 19.5% in a full forward: ' ramp' was accepted, the prompt failed at 2). Its
-# searches accept a token only through a full forward of the prompt's length, of each candidate of a batch within ε
-# there (confirmed), the nearest if within SipIt.sure.
+# searches accept a token only through a full forward of the prompt's length (confirmed), the nearest there if within
+# SipIt.sure: of each candidate within SipIt.sure in its pass at once, of those within ε once the nearest of CONFIRM
+# (layer 30 after the final norm, fresh seed 1279: confirming those at once accepted 3 wrong tokens within ε/2 of a
+# full forward before the truth was evaluated).
 
 
 @dataclass
@@ -445,7 +447,8 @@ class SipIt:
         drafts, far = self.drafts, {}  # far: candidates the draft put far from the observation {id: its distance}
         nearest = min(checked.items(), key=lambda item: item[1], default=(None, float("inf")))  # (id, distance)
         rechecked = False  # whether the nearest went through a full forward (_full_length) in this search
-        full_checked = set()  # the candidates a 16-bit model's search confirmed or not (confirmed)
+        within: dict[int, float] = {}  # a 16-bit model's candidates within ε in their pass, not yet confirmed
+        full_checked = set()  # those that went through a full forward (confirmed)
         pads_checked = False  # whether the rest of the row was tried as right padding (_right_padding) in this search
         draft_prefix = []  # the prefix through the draft, made at the search's first drafted batch
 
@@ -466,15 +469,16 @@ class SipIt:
             return _Search(grown, [Position(v, full, None, 0, tried=len(evaluated) + len(far), via="full-length",
                                             drafted=len(far))], {})
 
-        def confirmed(batch: Tensor, d: Tensor) -> _Search | None:
-            """A 16-bit model's search batch, ids [B] at pass distances d [B]: each candidate within ε through a full
-            forward of the prompt's length (_full_length), the nearest there found if within SipIt.sure. -> found, or
-            None."""
+        def confirmed(enough: bool) -> _Search | None:
+            """A 16-bit model's search: its candidates within SipIt.sure in their passes, and once the nearest of CONFIRM
+            (`enough`) those within ε, each through a full forward of the prompt's length (_full_length); the nearest
+            there found if within SipIt.sure. -> found, or None."""
             nonlocal nearest
             best = None
-            within = (d <= self.eps).nonzero().flatten()
-            for b in within[d[within].argsort()].tolist():
-                v = int(batch[b])
+            for v, x in sorted(within.items(), key=lambda item: item[1]):
+                if x > self.sure and not enough:
+                    break
+                del within[v]
                 full, grown = self._full_length(run, prefix, v, continuation)
                 evaluated[v] = full
                 full_checked.add(v)
@@ -542,7 +546,8 @@ class SipIt:
                 self.carried += 1
                 self.carried_wrong += not bool((passing < carry).any())
             if self.lm.half:  # (its pass only chooses what a full forward confirms: below CONFIRM)
-                if (hit := confirmed(batch, d)) is not None:
+                within.update((v, x) for v, x in zip(batch.tolist(), d.tolist()) if x <= self.eps)
+                if (hit := confirmed(len(evaluated) + len(far) >= min(CONFIRM, limit))) is not None:
                     return hit
                 passing = passing[:0]
             if not len(passing) and (hit := recheck()) is not None:  # (the nearest may be a wrong guess's)
