@@ -32,10 +32,11 @@ from ..io import write_json
 from ..models.load import cache_dir
 from .verify import UNIT_ROUNDOFF, rel_distance, tolerance
 
-VERSION = 7  # of the cached noise profile (3: keyed by the blocks the tap reads; 4: flat candidate passes; 5: position
+VERSION = 8  # of the cached noise profile (3: keyed by the blocks the tap reads; 4: flat candidate passes; 5: position
 #              1 on the prefixes the loop's own passes leave, alone and in lock-step; 6: ALiBi models' passes keep
 #              every key at its position, where flat ones had shifted them: MPT's noise was that of a wrong model;
-#              7: 16-bit models' lock-step passes are never flat, whose noise had set SmolLM2 bfloat16's eps to 0.42)
+#              7: 16-bit models' lock-step passes are never flat, whose noise had set SmolLM2 bfloat16's eps to 0.42;
+#              8: 16-bit models' prefixes cut from a pass of the whole prompt, as the loop's are)
 FACTOR = 50.0  # ε = FACTOR × the largest measured noise: headroom for paths and prompts not measured
 #                (SmolLM2 layer 30: position 1 after " proof" showed 3.3e-5 where the calibration measured 4.3e-6)
 HALF_FACTOR = 4.0  # the same for bf16/fp16 models, whose rounding dominates every path alike: random:llama-3.1-8b
@@ -95,18 +96,26 @@ def measure_noise(tap, batch_size: int = 256) -> list[float]:
     for i in range(N_PROMPTS):
         ref = tap.states(ids[i])  # [T, d] one single full forward
         noise = torch.maximum(noise, rel_distance(batched[i], ref).cpu())
-        h, _ = tap.extend(tap.prefill(ids[i, :0]), ids[i][None], keep=True)  # speculation from nothing
+        h, whole = tap.extend(tap.prefill(ids[i, :0]), ids[i][None], keep=True)  # speculation from nothing
         noise = torch.maximum(noise, rel_distance(h[0], ref).cpu())
-        h, _ = tap.extend(tap.prefill(ids[i, :half]), ids[i, half:][None], keep=True)  # on a KV cache
+
+        def prefix(t: int):
+            """The prefix ids[i, :t] as the loop caches it: a 16-bit model's cut from a pass of the whole prompt (the
+            loop grows its prefixes from such passes, confirming a search's token by one: SipIt's note below CONFIRM;
+            one made alone, its keys computed in a shorter sequence, lay 28% off at Gemma-3-270M's layer 9 in bfloat16
+            and made ε 1.13, within which wrong tokens passed), else made alone."""
+            return whole(0, t) if lm.half else tap.prefill(ids[i, :t])
+
+        h, _ = tap.extend(prefix(half), ids[i, half:][None], keep=True)  # on a KV cache
         noise[half:] = torch.maximum(noise[half:], rel_distance(h[0], ref[half:]).cpu())
         for t in (0, 1, LENGTH - 1):  # the true token inside candidate batches of several sizes
-            prefix = tap.prefill(ids[i, :t])
+            prefix_t = prefix(t)
             for size in sorted(sizes):
                 cand = torch.randint(lm.vocab_size, (size,), generator=g).to(lm.device)
                 j = int(torch.randint(size, (1,), generator=g))
                 cand[j] = ids[i, t]
                 for layout in ("padded", "flat"):  # (tap.extend chooses by cost, by prefix length and rows)
-                    h = tap.extend(prefix, cand, layout=layout)  # [B, d]
+                    h = tap.extend(prefix_t, cand, layout=layout)  # [B, d]
                     noise[t] = max(float(noise[t]), float(rel_distance(h[j], ref[t])))
     # position 1 on a cached position 0 depends strongly on the token there (SmolLM2 layer 30: 3e-5
     # after "The" vs 3e-6 after random ids) and on the pass that cached it: measure it after many common first
