@@ -1,14 +1,15 @@
 """States of a bfloat16 model saved as a user's script saves them, then inverted by `sipit invert`.
 
-SmolLM2-135M in bfloat16, N prompts of 20 tokens from each of four sources (sipit.bench.invert.prompts: prose, code,
+SmolLM2-135M in bfloat16 (MODEL and DTYPE in the environment: another model, fp16), N prompts of 20 tokens from each of four sources (sipit.bench.invert.prompts: prose, code,
 random ids, chat; seed SEED), one plain transformers forward with output_hidden_states, saved with torch.save as
 {"hidden_states": the tuple, "input_ids": ids} (no precision said: sipit reads the states' dtype). Then, per layer,
-`sipit invert FILE --model smollm2 --layer L --calibration fast` from the source tree SRC (default: this checkout's;
+`sipit invert FILE --model MODEL --layer L --calibration fast` from the source tree SRC (default: this checkout's;
 a worktree of an older commit for the code before), with EXTRA arguments (the code before needs --precision bf16:
 it ran the model in float32). Prints per layer: eps, statuses, prompts exact, wrong prompts reported ok, the largest
 accepted distance, seconds (layerL.jsonl, .summary.json and .log: the run's own).
 
-    python run.py SEED LAYERS N OUT [SRC] [EXTRA...]      e.g. python run.py 1231 1,15,30 4 out-new"""
+    python run.py SEED LAYERS N OUT [SRC] [EXTRA...]      e.g. python run.py 1231 1,15,30 4 out-new
+    MODEL=gemma3-270m DTYPE=fp16 python run.py ...         (defaults: smollm2, bf16)"""
 import json
 import os
 import subprocess
@@ -21,14 +22,15 @@ import torch
 seed, layers, n, out = int(sys.argv[1]), [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3]), Path(sys.argv[4])
 src = sys.argv[5] if len(sys.argv) > 5 else str(Path(__file__).resolve().parents[4] / "src")
 extra = sys.argv[6:]
+model, dtype = os.environ.get("MODEL", "smollm2"), os.environ.get("DTYPE", "bf16")
 out.mkdir(parents=True, exist_ok=True)
-states = out / f"bf16-states-seed{seed}.pt"
+states = out / f"{dtype}-states-seed{seed}.pt"
 if not states.exists():
     from sipit.bench.invert import prompts
     from sipit.models import load_model
 
     torch.set_num_threads(2)
-    lm = load_model("smollm2", precision="bf16")
+    lm = load_model(model, precision=dtype)
     ids = torch.tensor([p for _, p in prompts(lm, ["prose", "code", "random", "chat"], n, 20, seed)])
     with torch.no_grad():
         hs = lm.model(input_ids=ids, output_hidden_states=True).hidden_states
@@ -37,7 +39,7 @@ env = {**os.environ, "PYTHONPATH": src}
 for layer in layers:
     res = out / f"layer{layer}.jsonl"
     start = time.time()
-    run = subprocess.run([sys.executable, "-m", "sipit", "invert", str(states), "--model", "smollm2", "--layer",
+    run = subprocess.run([sys.executable, "-m", "sipit", "invert", str(states), "--model", model, "--layer",
                           str(layer), "--calibration", "fast", "-q", "-o", str(res), *extra],
                          env=env, capture_output=True, text=True)
     wall = time.time() - start
