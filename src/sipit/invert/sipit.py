@@ -142,9 +142,9 @@ PAD_CHECK_AFTER = 1024
 # A 16-bit model's passes recompute a state only up to its rounding's path noise, and ε (4 × the largest measured:
 # eps.HALF_FACTOR) reaches other tokens' distances (SmolLM2 in bfloat16, layer 30 after the final norm, seed 1231:
 # ε 0.24, three wrong guesses accepted at 0.20-0.23 where the truth lay at 0.012-0.014, two reported ok). There a
-# candidate is accepted at once within SipIt.sure = ε/2 (twice the noise); one within ε only as the nearest of at
-# least CONFIRM candidates evaluated at its position, through a full forward of the prompt's length (recheck), where
-# it is recomputed as the observation was (SmolLM2 bfloat16: the truth's full-length distance 0, the wrong 0.20).
+# guess is accepted at once within SipIt.sure = ε/2 (twice the noise); a search's candidate within ε only as the nearest
+# of at least CONFIRM candidates evaluated at its position, through a full forward of the prompt's length, where it is
+# recomputed as the observation was (SmolLM2 bfloat16: the truth's full-length distance 0, the wrong 0.20).
 CONFIRM = 256
 # Nor are a 16-bit model's search passes computed as the observation was: attention kernels take their path by the
 # sequence's length (torch's CPU flash attention: another softmax code under 8 keys than at 8 and more), and bfloat16
@@ -153,7 +153,7 @@ CONFIRM = 256
 # more; ' ramp', its 16th, 2.2% there and 19.5% in a full forward: ' ramp' was accepted, the prompt failed at 2). Its
 # searches accept a token only through a full forward of the prompt's length (confirmed), the nearest there if within
 # SipIt.sure: of each candidate within SipIt.sure in its pass at once, of those within ε once the nearest of CONFIRM
-# (layer 30 after the final norm, fresh seed 1279: confirming those at once accepted 3 wrong tokens within ε/2 of a
+# (layer 30 after the final norm, fresh seed 1279: confirming those at once accepted 2 wrong tokens within ε/2 of a
 # full forward before the truth was evaluated).
 
 
