@@ -186,6 +186,33 @@ def test_a_16_bit_model_accepts_a_guess_at_once_only_within_half_eps(precision):
         assert p.ids[at] == near and not p.exact
 
 
+def near(y, r: float):
+    """A state r·‖y‖ from y [d] (relative distance r), in a fixed direction."""
+    off = torch.randn(y.shape, generator=torch.Generator().manual_seed(0))
+    return (y.float() + r * y.float().norm() * off / off.norm()).to(y.dtype)
+
+
+def searched_at(precision: str, at: int, eps: float, plant):
+    """A tiny Llama's prompt whose guess at `at` is wrong (NearGuess), so that position is searched, on an engine whose
+    passes' states at `at` go through plant(first token of each row [B], those rows' states [B, d] changed in place,
+    the observation there [d], the true token). -> (engine, ids [T], states [T, d])"""
+    lm = load_model("tiny-llama", precision=precision)
+    ids, states = capture(lm, TEXT[:1], 2)
+    NearGuess.truth, NearGuess.at, NearGuess.near = ids[0], at, 1
+    engine = SipIt(lm, 2, InvertConfig(policy=NearGuess, batch_size=64), eps=eps)
+    extend_many = engine.tap.extend_many
+
+    def planted(requests, *args, **kwargs):
+        out = extend_many(requests, *args, **kwargs)
+        for (prefix, rows), (h, _) in zip(requests, out):
+            if prefix.length == at:  # (the search's first row carries the continuation: lookahead)
+                plant(rows[:, 0], h[:, 0], states[0, at], int(ids[0, at]))
+        return out
+
+    engine.tap.extend_many = planted
+    return engine, ids[0], states[0]
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 def test_a_16_bit_models_search_accepts_a_token_only_through_a_full_forward(precision):
     """Attention kernels take their path by the sequence's length, and bfloat16 carries the difference up the layers:
@@ -194,27 +221,15 @@ def test_a_16_bit_models_search_accepts_a_token_only_through_a_full_forward(prec
     search's rows put a decoy (the first candidate) at the observation and the truth at 0.8 ε. A 16-bit
     model's search confirms both through a full forward and finds the truth; a float32 model trusts its pass (its
     kernels agree to ~1e-6) and takes the decoy."""
-    lm = load_model("tiny-llama", precision=precision)
-    ids, states = capture(lm, TEXT[:1], 2)
-    at, decoy = 4, 0
-    truth = int(ids[0, at])
-    assert truth != decoy
-    NearGuess.truth, NearGuess.at, NearGuess.near = ids[0], at, 1  # (a wrong guess: the search runs at `at`)
-    eps = 0.05
-    engine = SipIt(lm, 2, InvertConfig(policy=NearGuess, batch_size=64), eps=eps)
-    extend_many, y = engine.tap.extend_many, states[0, at]
+    at, decoy, eps = 4, 0, 0.05
 
-    def planted(requests, *args, **kwargs):
-        out = extend_many(requests, *args, **kwargs)
-        for (prefix, rows), (h, _) in zip(requests, out):
-            if prefix.length == at:  # the search's rows at `at` (the first carries the continuation: lookahead)
-                h[rows[:, 0] == decoy, 0] = y
-                off = torch.randn(y.shape, generator=torch.Generator().manual_seed(0))
-                h[rows[:, 0] == truth, 0] = (y.float() + 0.8 * eps * y.float().norm() * off / off.norm()).to(h.dtype)
-        return out
+    def plant(first, h, y, truth):
+        h[first == decoy] = y
+        h[first == truth] = near(y, 0.8 * eps)
 
-    engine.tap.extend_many = planted
-    p = engine.invert_prompt(states[0], ids[0].tolist())
+    engine, ids, states = searched_at(precision, at, eps, plant)
+    assert int(ids[at]) != decoy
+    p = engine.invert_prompt(states, ids.tolist())
     if precision == "bf16":
         assert p.exact and p.positions[at].via == "full-length" and p.positions[at].distance <= eps / 2
     else:
@@ -226,28 +241,21 @@ def test_a_16_bit_models_search_confirms_a_token_beyond_half_eps_only_as_the_nea
     even in a full forward (0.10-0.12, fresh seed 1279). A candidate within ε but beyond ε/2 in its pass goes through
     a full forward only once CONFIRM candidates were evaluated, the nearest there winning: planted here, a decoy (the
     first candidate) at 0.8 ε in its pass and 0.3 ε in a full forward loses to the truth, evaluated after it."""
-    lm = load_model("tiny-llama", precision="bf16")
-    ids, states = capture(lm, TEXT[:1], 2)
     at, decoy, eps = 4, 0, 0.05
-    assert int(ids[0, at]) != decoy
-    NearGuess.truth, NearGuess.at, NearGuess.near = ids[0], at, 1
-    engine = SipIt(lm, 2, InvertConfig(policy=NearGuess, batch_size=64), eps=eps)
-    extend_many, full_length, y = engine.tap.extend_many, engine._full_length, states[0, at].float()
 
-    def planted(requests, *args, **kwargs):
-        out = extend_many(requests, *args, **kwargs)
-        for (prefix, rows), (h, _) in zip(requests, out):
-            if prefix.length == at:
-                off = torch.randn(y.shape, generator=torch.Generator().manual_seed(0))
-                h[rows[:, 0] == decoy, 0] = (y + 0.8 * eps * y.norm() * off / off.norm()).to(h.dtype)
-        return out
+    def plant(first, h, y, truth):
+        h[first == decoy] = near(y, 0.8 * eps)
+
+    engine, ids, states = searched_at("bf16", at, eps, plant)
+    assert int(ids[at]) != decoy
+    full_length = engine._full_length
 
     def near_in_full(run, prefix, v, continuation):
         d, grown = full_length(run, prefix, v, continuation)
         return (0.3 * eps if v == decoy and prefix.length == at else d), grown
 
-    engine.tap.extend_many, engine._full_length = planted, near_in_full
-    p = engine.invert_prompt(states[0], ids[0].tolist())
+    engine._full_length = near_in_full
+    p = engine.invert_prompt(states, ids.tolist())
     assert p.exact and p.positions[at].via == "full-length" and p.positions[at].distance < 0.3 * eps
 
 

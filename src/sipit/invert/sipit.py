@@ -347,8 +347,8 @@ class SipIt:
 
     def _sure_note(self) -> str:
         """What eps means for a 16-bit model (CONFIRM), in a failure's message."""
-        return f" (a 16-bit model's candidate: within {self.sure:g} in its passes, or the nearest of {CONFIRM} " \
-            "within that in a full forward)" if self.sure < self.eps else ""
+        return f" (a 16-bit model's token: a guess within {self.sure:g} in its pass, a search's within that in a full " \
+            f"forward of the prompt, beyond it in its pass once {CONFIRM} were tried)" if self.lm.half else ""
 
     def _reliable(self, T: int) -> bool:
         """Whether this engine's guesses have been right often enough that a T-token prompt's first row
@@ -459,7 +459,7 @@ class SipIt:
             nonlocal rechecked
             if rechecked or nearest[1] > NEAR * self.eps or nearest[0] in full_checked:
                 return None
-            if self.sure < self.eps and nearest[1] > self.sure and len(evaluated) + len(far) < min(CONFIRM, limit):
+            if self.lm.half and nearest[1] > self.sure and len(evaluated) + len(far) < min(CONFIRM, limit):
                 return None  # (a 16-bit model's: not yet the nearest of enough)
             rechecked, v = True, nearest[0]
             full, grown = self._full_length(run, prefix, v, continuation)
