@@ -223,11 +223,14 @@ def test_against_is_the_product_with_the_table_transposed(rows):
     assert against(x, table).shape == (rows, 300)
 
 
-def test_row_dots_equal_the_gathered_product():
-    """row_dots, in blocks of rows, gives table[ids] @ x row by row (and an empty [0, m] for no rows)."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_dots_equal_the_gathered_product(dtype):
+    """row_dots gives table[ids] @ x row by row, ids repeated within a row or not (float32 on a CPU: the product at
+    those entries only; float64: gathered in blocks of rows), and an empty [0, m] for no rows."""
     g = torch.Generator().manual_seed(0)
-    table, x = torch.randn(50, 8, generator=g), torch.randn(37, 8, generator=g)
+    table, x = torch.randn(50, 8, generator=g, dtype=dtype), torch.randn(37, 8, generator=g, dtype=dtype)
     ids = torch.randint(0, 50, (37, 5), generator=g)
+    ids[0] = 7  # (one row's entries all alike)
     assert torch.allclose(row_dots(table, ids, x, rows=16), (table[ids] @ x[:, :, None])[..., 0], atol=1e-6)
     assert row_dots(table, ids[:0], x[:0]).shape == (0, 5)
 
