@@ -127,9 +127,9 @@ def squared_distances(x: Tensor, rows: Tensor, rows_sq: Tensor) -> Tensor:
 def row_dots(table: Tensor, ids: Tensor, x: Tensor, rows: int = 16) -> Tensor:
     """table[ids[i, j]] · x[i] for ids [n, m] and x [n, k]: [n, m]. On a CPU in float32, the product x @ tableᵀ at
     those (i, ids[i, j]) entries only (torch.sparse.sampled_addmm: each a dot product read straight off the table's
-    row, no gathered copy; on an Intel Xeon with AMX, 2 threads, SmolLM2's [49,152, 576] rows: a lock-step batch's
-    608 × 64 13.0 → 4.5 ms, a prompt's 19 × 16 0.14 → 0.05 ms, and nearer float64's: 1e-6 against 2.5e-6;
-    docs/results/invert/row_dots_ab.py). Elsewhere gathered by index_select in blocks of `rows`, so that each
+    row, no gathered copy; on an Intel Xeon with AMX, 2 threads, SmolLM2's P [49,152, 576] at layer 15: a lock-step
+    batch's 608 × 64 13.6 → 4.9 ms, a prompt's 19 × 16 0.19 → 0.10 ms, and nearer float64's: 2.5e-5 against 5.6e-5 at
+    most; docs/results/invert/row_dots_ab.py). Elsewhere gathered by index_select in blocks of `rows`, so that each
     [rows, m, k] block is read back from cache (twice as fast as table[ids])."""
     if not len(ids):
         return x.new_zeros(ids.shape)
