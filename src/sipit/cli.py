@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ def cmd_corpora(args):
 
 def cmd_robustness(args):
     from .corpora import sample
+    from .environment import load_average
     from .invert.robust import RobustConfig, plot, run
     from .io import write_json
     from .models import load_model
@@ -49,7 +49,7 @@ def cmd_robustness(args):
     out.mkdir(parents=True, exist_ok=True)
     d = res.to_dict()
     d["summary"].update(precision=lm.precision, corpus=args.corpus, length=args.length,
-                        threads=torch.get_num_threads(), load=list(os.getloadavg()))
+                        threads=torch.get_num_threads(), load=load_average())
     write_json(out / "results.json", d)
     plot(res, out / "recovery_vs_noise.png")
     s = d["summary"]

@@ -15,17 +15,15 @@ Tables (each printed and written as markdown; everything also in results.json):
 """
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
+from .environment import environment, finished
 from .io import SipitError, atomic_write, read_json, write_json
 
 PAPER_TABLE2 = {"hardprompts": (6132.59, 0.00), "bruteforce": (3889.61, 1.00), "sipit": (28.01, 1.00)}
@@ -73,18 +71,6 @@ class ReproduceResult:
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def environment(command: str) -> dict:
-    cpu = platform.processor() or ""
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return dict(command=command, date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                torch_threads=torch.get_num_threads(), cpus=os.cpu_count(), cpu=cpu, python=platform.python_version(),
-                torch=torch.__version__, platform=platform.platform(),
-                load_average_start=[round(x, 2) for x in os.getloadavg()])
 
 
 def _prompts(lm, natural: str, n_random: int, length: int, seed: int) -> list[tuple[str, list[int]]]:
@@ -319,11 +305,11 @@ def run(cfg: ReproduceConfig, out: str | Path, command: str = "", log=print) -> 
 
     def save():
         res.seconds = time.perf_counter() - t0
-        res.environment["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+        finished(res.environment)
         write_json(out / "results.json", asdict(res))
         e = res.environment
         head = (f"# Reproducing the paper{' (--quick)' if cfg.quick else ''}\n\n"
-                f"Command: `{e['command']}`  \nDate: {e['date']}; {e['torch_threads']} torch thread(s) on "
+                f"Command: `{e['command']}` (sipit {e['commit'] or e['version']})  \nDate: {e['date']}; {e['torch_threads']} torch thread(s) on "
                 f"{e['cpus']} CPUs ({e['cpu']}); torch {e['torch']}, Python {e['python']}; load average "
                 f"{e['load_average_start']} at start, {e['load_average_end']} at end; total {res.seconds:.0f} s.\n")
         atomic_write(out / "tables.md", head + "\n" + "\n".join(res.tables.values()))

@@ -11,7 +11,6 @@ options skips them (a different config in DIR is refused, see collisions.common.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from ..collisions.common import cached_json, open_run_dir, parse_layers
 from ..capture import SurfaceSpec
 from ..corpora import sample
+from ..environment import load_average
 from ..invert.robust import RobustConfig
 from ..io import SipitError, read_json, write_json
 from ..models import LM
@@ -162,7 +162,7 @@ def run(lm: LM, cfg: AuditConfig, out_dir: str | Path, progress: bool = True, en
                   utility_tokens=int(held.numel()), layers=per_layer, cells=cells,
                   seconds_this_run=round(time.perf_counter() - t0, 2), calibration_seconds_this_run=round(calibration_seconds, 1),
                   threads=torch.get_num_threads(),
-                  load=[round(x, 2) for x in os.getloadavg()])
+                  load=load_average())
     write_json(out / "report.json", report)
     write_page(report, out)
     return report

@@ -11,15 +11,13 @@ in docs/results/ray/README.md scales to N workers.
 """
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import time
 from dataclasses import dataclass
 
 import torch
 
-from . import parse_config
+from . import parse_config, print_result
 from ..collisions import pairwise
 from ..collisions.common import capture_states
 from ..engines import LocalEngine, ModelRef, RayEngine
@@ -47,7 +45,6 @@ def _noop(shared, item):
 
 def run(cfg: Config) -> dict:
     torch.set_num_threads(cfg.threads)
-    load = [round(x, 2) for x in os.getloadavg()]
     lm = load_model(cfg.model)
     g = torch.Generator().manual_seed(cfg.seed)
     ids = torch.randint(0, lm.vocab_size, (cfg.prompts, cfg.length), generator=g)
@@ -86,17 +83,16 @@ def run(cfg: Config) -> dict:
     assert out["local"].pop("closest") == out["ray"].pop("closest")  # the same exact result
     med = {k: {m: statistics.median(v) for m, v in d.items()} for k, d in out.items()}
     ray_engine.ray.shutdown()
-    return dict(bench="engines", model=cfg.model, n_layers=lm.n_layers, load_start=load,
-                load_end=[round(x, 2) for x in os.getloadavg()], config=cfg.__dict__,
+    return dict(bench="engines", model=cfg.model, n_layers=lm.n_layers, config=cfg.__dict__,
                 ray_startup_s=startup, ray_task_roundtrip_s=task_overhead, runs=out, median=med,
                 ray_over_local=dict(capture=med["ray"]["prompts_per_s"] / med["local"]["prompts_per_s"],
                                     pairwise=med["ray"]["pairs_per_s"] / med["local"]["pairs_per_s"]),
-                pairwise_tasks=len(pairwise.panels(cfg.n, cfg.panel_pairs)), torch=torch.__version__)
+                pairwise_tasks=len(pairwise.panels(cfg.n, cfg.panel_pairs)))
 
 
 def main(argv: list[str] | None = None) -> None:
-    print(json.dumps(run(parse_config(Config, argv, "python -m sipit.bench.engines", __doc__.split("\n")[0])),
-                     indent=1))
+    cfg = parse_config(Config, argv, "python -m sipit.bench.engines", __doc__.split("\n")[0])
+    print_result(lambda: run(cfg), "python -m sipit.bench.engines", argv)
 
 
 if __name__ == "__main__":

@@ -7,14 +7,12 @@ pairs/s grows with the number of rows (fixed costs amortise), so the projection 
 """
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass
 
 import torch
 
-from . import parse_config
+from . import parse_config, print_result
 from ..collisions.common import parse_layers
 from ..collisions.pairwise import min_pairwise
 from ..models import LayerTap, load_model
@@ -57,13 +55,14 @@ def run(cfg: Config) -> dict:
     pairs_per_s = len(layers) * n * (n - 1) / 2 / t_pairs
     full = V / states_per_s + len(layers) * V * (V - 1) / 2 / pairs_per_s
     return dict(bench="exhaustive", model=cfg.model, device=str(lm.device), threads=cfg.threads,
-                load=[round(x, 2) for x in os.getloadavg()], prefix_len=cfg.prefix_len, candidates=n,
+                prefix_len=cfg.prefix_len, candidates=n,
                 batch_size=cfg.batch_size, layers=layers, states_per_s=states_per_s, pairs_per_s=pairs_per_s,
                 min_distance=dict(zip(layers, minima)), projected_full_vocab_seconds=full)
 
 
 def main(argv: list[str] | None = None) -> None:
-    print(json.dumps(run(parse_config(Config, argv, "sipit bench exhaustive", __doc__)), indent=1))
+    cfg = parse_config(Config, argv, "sipit bench exhaustive", __doc__)
+    print_result(lambda: run(cfg), "sipit bench exhaustive", argv)
 
 if __name__ == "__main__":
     main()

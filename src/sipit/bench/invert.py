@@ -27,7 +27,6 @@ Prints JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
@@ -35,7 +34,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from . import sync
+from . import print_result, sync
 from ..invert import InvertConfig, SipIt
 from ..invert.config import batch_size_for
 from ..invert.eps import tolerance_for
@@ -385,7 +384,7 @@ def main(argv=None):
                  batch_repeats=a.batch_repeats,
                  threads=a.threads, device=a.device, precision=a.precision, seed=a.seed, final_norm=a.final_norm,
                  calibration=a.calibration, progress=a.progress, batch_size=a.batch_size)
-    print(json.dumps(run(cfg), indent=2))
+    print_result(lambda: run(cfg), "sipit bench invert", argv, indent=2)
 
 
 if __name__ == "__main__":

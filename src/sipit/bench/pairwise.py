@@ -10,14 +10,13 @@ the first tile of each row panel. ratio = engine GFLOP/s / GEMM GFLOP/s.
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass
 
 import torch
 
-from sipit.bench import parse_config, sync
+from sipit.bench import parse_config, print_result, sync
 from sipit.collisions.pairwise import fp32_highest, min_pairwise, tile_grid
 
 TAKES_DEVICE = True  # `sipit bench pairwise --device cuda` passes the device on
@@ -76,7 +75,8 @@ def run(cfg: Config) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    print(json.dumps(run(parse_config(Config, argv, "sipit bench pairwise", __doc__.split("\n")[0])), indent=1))
+    cfg = parse_config(Config, argv, "sipit bench pairwise", __doc__.split("\n")[0])
+    print_result(lambda: run(cfg), "sipit bench pairwise", argv)
 
 if __name__ == "__main__":
     main()

@@ -6,12 +6,12 @@ at layer L/2 and at layer L, measured in the same run, and their ratio (ideal â‰
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
 
+from . import print_result
 from ..models import LayerTap, load_model
 
 
@@ -51,7 +51,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args(argv)
-    print(json.dumps(run(a.model, a.prefix_len, a.candidates, a.repeats, a.threads), indent=2))
+    print_result(lambda: run(a.model, a.prefix_len, a.candidates, a.repeats, a.threads), "sipit bench tap", argv, indent=2)
 
 
 if __name__ == "__main__":

@@ -29,10 +29,11 @@ from pathlib import Path
 import torch
 
 from ..engines import ModelRef
+from ..environment import load_average
 from ..io import SipitError, read_json, write_json
 from ..models import LM
 from . import sampled
-from .common import (analyse_layer, cached_json, chunk_seconds, embedding_classes, load_avg, load_layer,
+from .common import (analyse_layer, cached_json, chunk_seconds, embedding_classes, load_layer,
                      open_run_dir, parse_layers, run_batches)
 
 
@@ -116,7 +117,7 @@ def _source_run(lm: LM, cfg: ExhaustiveConfig, out: Path, layers: list[int], pro
 def run(lm: LM, cfg: ExhaustiveConfig, out_dir: str | Path, progress: bool = True, engine=None) -> ExhaustiveResult:
     """The append-every-token test in run directory `out_dir` (resumes a killed run). engine
     (sipit.engines): where state capture and the pairwise panels run; default this process."""
-    t_start, load_start = time.perf_counter(), load_avg()
+    t_start, load_start = time.perf_counter(), load_average()
     out = Path(out_dir)
     L = lm.n_layers
     layers = parse_layers(cfg.layers if cfg.layers is not None else [1, L // 2, L], lm)
@@ -167,6 +168,6 @@ def run(lm: LM, cfg: ExhaustiveConfig, out_dir: str | Path, progress: bool = Tru
     seconds = dict(states=sum(r[0]["states_seconds"] for r in all_results),
                    pairwise=sum(x["seconds"] for r in all_results for x in r), this_run=time.perf_counter() - t_start)
     res = ExhaustiveResult(out, lm.name, L, lm.vocab_size, config, prefixes, all_results, seconds,
-                           dict(start=load_start, end=load_avg()))
+                           dict(start=load_start, end=load_average()))
     write_json(out / "results.json", res.to_dict())
     return res

@@ -10,7 +10,6 @@ representative per class, which covers every other pair.
 """
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -123,10 +122,6 @@ def load_layer(paths: list[Path], layer: int) -> torch.Tensor:
         with safe_open(p, "pt") as f:
             parts.append(f.get_tensor(layer_key(layer)))
     return torch.cat(parts)
-
-
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def cached_json(path: Path, compute):

@@ -24,9 +24,10 @@ import torch
 from tqdm import tqdm
 
 from ..engines import ModelRef
+from ..environment import load_average
 from ..io import SipitError, atomic_write, write_json
 from ..models import LM
-from .common import (analyse_layer, cached_json, chunk_seconds, embedding_classes, group_ids, load_avg,
+from .common import (analyse_layer, cached_json, chunk_seconds, embedding_classes, group_ids,
                      load_layer, open_run_dir, parse_layers, run_batches)
 
 
@@ -94,7 +95,7 @@ def structural_groups(ids: list[list[int]], classes: torch.Tensor, layer: int) -
 def run(lm: LM, cfg: SampledConfig, out_dir: str | Path, progress: bool = True, engine=None) -> SampledResult:
     """The sampled collision test in run directory `out_dir` (resumes a killed run). engine
     (sipit.engines): where state capture and the pairwise panels run; default this process."""
-    t_start, load_start = time.perf_counter(), load_avg()
+    t_start, load_start = time.perf_counter(), load_average()
     out = Path(out_dir)
     layers = parse_layers(cfg.layers, lm)
     if (cfg.length is not None and cfg.length < 1) or cfg.batch_size < 1 or cfg.keep < 1 or cfg.threshold < 0:
@@ -132,6 +133,6 @@ def run(lm: LM, cfg: SampledConfig, out_dir: str | Path, progress: bool = True, 
     seconds = dict(states=sum(map(chunk_seconds, chunks)), pairwise=sum(r["seconds"] for r in results),
                    this_run=time.perf_counter() - t_start)
     res = SampledResult(out, lm.name, lm.n_layers, config, prompts, results, seconds,
-                        dict(start=load_start, end=load_avg()))
+                        dict(start=load_start, end=load_average()))
     write_json(out / "results.json", res.to_dict())
     return res
