@@ -25,6 +25,10 @@ def test_bench_invert_reports_every_policy_on_the_same_prompts():
     assert learned["candidates_scored_per_position"] > learned["candidates_verified_per_position"]
     by_kind = learned["ratio_by_kind"]  # per source: median and max of the prompts' own ratios
     assert set(by_kind) == {"prose", "random"} and all(0 < k["median"] <= k["max"] for k in by_kind.values())
+    # as a file: Σ seconds ÷ Σ forwards, a weighted mean of the prompts' ratios, so at most the largest
+    assert all(0 < k["of_totals"] <= k["max"] for k in by_kind.values())
+    assert 0 < learned["ratio_of_totals"] <= max(k["max"] for k in by_kind.values())
+    assert learned["seconds_per_prompt_mean"] > 0
     assert set(exhaustive["ratio_by_kind"]) == {"prose", "random"}
     # one-pass prompts (every guess right): the exhaustive policy never guesses; per source and in all
     assert exhaustive["one_pass_prompts"] == "0/2" and {k["one_pass"] for k in exhaustive["ratio_by_kind"].values()} == {"0/1"}

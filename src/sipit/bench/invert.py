@@ -13,7 +13,9 @@ output; their ratio is per position × length, marked `extrapolated`), each with
 also gives its numbers on that same subset (`on_slow_subset`), for a like-for-like comparison.
 
 Reported per policy: the ratio to the forward pass overall (median seconds ÷ median forward) and
-per text source (median and max of each prompt's seconds ÷ its own forward), candidates *verified*
+per text source (median and max of each prompt's seconds ÷ its own forward), and as a file of these prompts
+one at a time (`ratio_of_totals`, per source `of_totals`: Σ seconds ÷ Σ forwards, where the heavy tail of deep
+searches counts), candidates *verified*
 by a forward pass (the paper's metric) and candidates *scored* (the learned policy scores the whole vocabulary at every position; the gradient policy
 ranks the whole vocabulary at every snap), one-time calibration seconds and the amortised cost per
 prompt (calibration ÷ N + inversion, N = 1, 100, 10,000), the share of certified positions, ε and
@@ -232,14 +234,14 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V, scored: int | None = 
     positions = [q for r in res for q in r.positions]
     tried = [q.tried for q in positions]
     by_kind: dict = {}
-    ratios: dict = {}  # per text source: each prompt's seconds ÷ its own forward pass
+    times: dict = {}  # per text source: (each prompt's seconds, its own forward pass's)
     # prompts whose every guess was right: one pass (each wrong guess costs at least one more, so the share of
     # these places the median ratio: docs/results/invert/README.md, "Where the time goes at the limit")
     one_pass: dict = {}
     for (kind, _), r, f, t in zip(data, res, fwd, per_prompt):
         k = by_kind.setdefault(kind, [0, 0])
         k[0], k[1] = k[0] + bool(r.exact), k[1] + 1
-        ratios.setdefault(kind, []).append(t / f)
+        times.setdefault(kind, []).append((t, f))
         one_pass.setdefault(kind, []).append(all(q.via == "speculation" for q in r.positions))
     median = statistics.median(per_prompt)
     cal = engine.calibration_seconds
@@ -252,8 +254,14 @@ def _policy_entry(name, engine, fwd, res, T, cfg, data, V, scored: int | None = 
         time_capped=sum(r.status == "failed" and "time cap" in r.message for r in res),
         seconds_per_prompt_median=round(median, 4), forward_seconds_median=round(statistics.median(fwd), 4),
         ratio_to_forward=round(median / statistics.median(fwd), 3),
-        ratio_by_kind={k: dict(median=round(statistics.median(v), 3), max=round(max(v), 3),
-                               one_pass=f"{sum(one_pass[k])}/{len(v)}") for k, v in ratios.items()},
+        # what these prompts cost as a file, one at a time: Σ seconds ÷ Σ forward seconds (the heavy tail of deep
+        # searches counts here, not in the median)
+        seconds_per_prompt_mean=round(statistics.mean(per_prompt), 4),
+        ratio_of_totals=round(sum(per_prompt) / sum(fwd), 3),
+        ratio_by_kind={k: dict(median=round(statistics.median(t / f for t, f in v), 3),
+                               max=round(max(t / f for t, f in v), 3),
+                               of_totals=round(sum(t for t, _ in v) / sum(f for _, f in v), 3),
+                               one_pass=f"{sum(one_pass[k])}/{len(v)}") for k, v in times.items()},
         one_pass_prompts=f"{sum(sum(v) for v in one_pass.values())}/{len(res)}",
         # where the time goes, each prompt ÷ its forward, medians: the loop's forward passes, and the rest
         # (ranking, certificates, the loop's Python)
