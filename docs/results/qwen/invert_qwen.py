@@ -12,14 +12,15 @@ is 151,936 tokens through 28 blocks: over an hour on 2 cores), all three taps in
 from __future__ import annotations
 
 import argparse
-import os
+import shlex
 import statistics
-import subprocess
+import sys
 import time
 
 import torch
 
 from sipit.bench.invert import prompts as bench_prompts
+from sipit.environment import environment, finished
 from sipit.invert import InvertConfig, invert
 from sipit.invert.learned import LearnedConfig
 from sipit.invert.learned.fit import calibrate_cached_taps
@@ -38,7 +39,7 @@ def main() -> None:
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    load0 = os.getloadavg()
+    env = environment(shlex.join(["python", *sys.argv]))
     t0 = time.perf_counter()
     lm = load_model(args.model)
     load_seconds = time.perf_counter() - t0
@@ -53,8 +54,7 @@ def main() -> None:
     t0 = time.perf_counter()
     fitted = calibrate_cached_taps(lm, taps, fast)
     calibration_seconds = time.perf_counter() - t0
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out = dict(model=lm.name, commit=commit, seed=args.seed, fingerprint=lm.fingerprint, per_kind=args.per_kind, length=args.length,
+    out = dict(model=lm.name, commit=env["commit"], seed=args.seed, fingerprint=lm.fingerprint, per_kind=args.per_kind, length=args.length,
                threads=args.threads, model_load_seconds=round(load_seconds, 1),
                forward_seconds_all_prompts_all_layers=round(forward_seconds, 3),
                calibration="fast", calibration_seconds_one_pass=round(calibration_seconds, 1),
@@ -77,7 +77,7 @@ def main() -> None:
         print(f"{tap.key}: {sum(bool(q.exact) for q in res.prompts)}/{len(prompts)} exact, ok {s['ok']} ambiguous "
               f"{s['ambiguous']} failed {s['failed']}, median {s['seconds_per_prompt_median']} s/prompt, "
               f"{s['candidates_per_position']} candidates/position", flush=True)
-        out["load_average"] = dict(start=[round(x, 2) for x in load0], end=[round(x, 2) for x in os.getloadavg()])
+        out["environment"] = finished(dict(env))
         write_json(args.output, out)  # after every layer: a stopped run keeps the layers it finished
 
 
