@@ -21,8 +21,13 @@ def test_commit_is_the_checkouts_and_says_when_tracked_files_changed(tmp_path):
     git(repo, "commit", "-q", "-m", "first")
     head = git(repo, "rev-parse", "--short=12", "HEAD")
     assert commit(pkg) == head and len(head) == 12
-    (repo / "notes.txt").write_text("untracked files do not count\n")
-    assert commit(pkg) == head
+    (repo / "notes.txt").write_text("x\n")
+    assert commit(pkg) == head  # untracked files do not count
+    git(repo, "add", "notes.txt")
+    git(repo, "commit", "-q", "-m", "notes")
+    head = git(repo, "rev-parse", "--short=12", "HEAD")
+    (repo / "notes.txt").write_text("y\n")
+    assert commit(pkg) == head  # nor tracked files beside the package (docs, results)
     (pkg / "__init__.py").write_text("x = 2\n")
     assert commit(pkg) == head + "+dirty"
     elsewhere = tmp_path / "site-packages" / "pkg"  # a copy git does not track: no commit claimed

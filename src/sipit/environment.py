@@ -40,14 +40,14 @@ def _git(source: Path, *args: str) -> str | None:
 
 def commit(source: Path = SOURCE) -> str | None:
     """The git commit (12 hex digits) of the checkout whose tracked files include `source`'s __init__.py, with
-    "+dirty" where tracked files differ from it; None where git does not track it (an installed wheel, a
-    site-packages inside someone else's repository, no git)."""
+    "+dirty" where tracked files under `source` (the package's code, not the docs beside it) differ from it; None
+    where git does not track it (an installed wheel, a site-packages inside someone else's repository, no git)."""
     if _git(source, "ls-files", "--error-unmatch", "__init__.py") is None:
         return None
     head = _git(source, "rev-parse", "--short=12", "HEAD")
     if head is None:
         return None
-    changed = _git(source, "status", "--porcelain", "--untracked-files=no")
+    changed = _git(source, "status", "--porcelain", "--untracked-files=no", "--", ".")
     return head + ("+dirty" if changed else "")
 
 
