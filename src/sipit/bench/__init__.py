@@ -1,4 +1,5 @@
-"""Benchmarks: each module has a `Config` dataclass, `run(config) -> dict` and `main(argv)` (prints JSON)."""
+"""Benchmarks: each module has a `Config` dataclass, `run(config) -> dict` and `main(argv)` (prints the JSON, with
+where it ran: print_result)."""
 import argparse
 import json
 import shlex
@@ -15,7 +16,6 @@ def parse_config(config_class, argv, prog: str, description: str):
     for f in fields(config_class):
         p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=f.default)
     return config_class(**vars(p.parse_args(argv)))
-
 
 
 def print_result(run, prog: str, argv: list[str] | None, indent: int = 1) -> None:

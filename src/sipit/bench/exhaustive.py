@@ -55,9 +55,9 @@ def run(cfg: Config) -> dict:
     pairs_per_s = len(layers) * n * (n - 1) / 2 / t_pairs
     full = V / states_per_s + len(layers) * V * (V - 1) / 2 / pairs_per_s
     return dict(bench="exhaustive", model=cfg.model, device=str(lm.device), threads=cfg.threads,
-                prefix_len=cfg.prefix_len, candidates=n,
-                batch_size=cfg.batch_size, layers=layers, states_per_s=states_per_s, pairs_per_s=pairs_per_s,
-                min_distance=dict(zip(layers, minima)), projected_full_vocab_seconds=full)
+                prefix_len=cfg.prefix_len, candidates=n, batch_size=cfg.batch_size, layers=layers,
+                states_per_s=states_per_s, pairs_per_s=pairs_per_s, min_distance=dict(zip(layers, minima)),
+                projected_full_vocab_seconds=full)
 
 
 def main(argv: list[str] | None = None) -> None:

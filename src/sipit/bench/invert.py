@@ -15,9 +15,9 @@ also gives its numbers on that same subset (`on_slow_subset`), for a like-for-li
 Reported per policy: the ratio to the forward pass overall (median seconds ÷ median forward) and
 per text source (median and max of each prompt's seconds ÷ its own forward), and as a file of these prompts
 one at a time (`ratio_of_totals`, per source `of_totals`: Σ seconds ÷ Σ forwards, where the heavy tail of deep
-searches counts), candidates *verified*
-by a forward pass (the paper's metric) and candidates *scored* (the learned policy scores the whole vocabulary at every position; the gradient policy
-ranks the whole vocabulary at every snap), one-time calibration seconds and the amortised cost per
+searches counts), candidates *verified* by a forward pass (the paper's metric) and candidates *scored* (the
+learned policy scores the whole vocabulary at every position; the gradient policy ranks the whole vocabulary at
+every snap), one-time calibration seconds and the amortised cost per
 prompt (calibration ÷ N + inversion, N = 1, 100, 10,000), the share of certified positions, ε and
 its headroom, and the cost of `certify` modes (extra seconds per prompt). The learned policy also
 inverts the prompts B at a time in lock-step (`lock_step`, `--batches`): seconds per batch ÷ one
