@@ -29,6 +29,8 @@ def test_bench_invert_reports_every_policy_on_the_same_prompts():
     assert all(0 < k["of_totals"] <= k["max"] for k in by_kind.values())
     assert 0 < learned["ratio_of_totals"] <= max(k["max"] for k in by_kind.values())
     assert learned["seconds_per_prompt_mean"] > 0
+    # the learned engine's first-prompt set-up is timed apart, by an untimed inversion before the timed ones
+    assert learned["warmup_seconds"] > 0 and exhaustive["warmup_seconds"] is None
     assert set(exhaustive["ratio_by_kind"]) == {"prose", "random"}
     # one-pass prompts (every guess right): the exhaustive policy never guesses; per source and in all
     assert exhaustive["one_pass_prompts"] == "0/2" and {k["one_pass"] for k in exhaustive["ratio_by_kind"].values()} == {"0/1"}
